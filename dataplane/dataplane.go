@@ -1,0 +1,64 @@
+package dataplane
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// Dataplane programs the kernel from desired portals. Implementations keep
+// what they applied in memory and send only differences; they never read
+// Kubernetes objects.
+type Dataplane interface {
+	// Name is the backend's name, as given to --dataplane.
+	Name() string
+	// Sync brings the kernel to the snapshot in one atomic step. With full
+	// false it may look only at snap.Dirty; with full true (first sync,
+	// after a failure, after someone else changed onehop's state) it
+	// rewrites everything it owns. On error the kernel keeps its previous
+	// state and the next Sync must be full.
+	Sync(ctx context.Context, snap *portal.Snapshot, full bool) (SyncStats, error)
+	// Check reports an error when the kernel no longer holds what the last
+	// Sync applied (for example the table was deleted or flushed by someone
+	// else). It must be cheap: the runner calls it every second.
+	Check(ctx context.Context) error
+	// Dump reads the kernel's state (not the backend's memory).
+	Dump(ctx context.Context) (*Dump, error)
+	// Cleanup removes everything the backend installed, and nothing else.
+	Cleanup(ctx context.Context) error
+}
+
+// SyncStats describes one Sync.
+type SyncStats struct {
+	Full     bool
+	Services int // Services looked at
+	Changed  int // portals whose kernel state changed
+	Messages int // netlink messages (or commands) sent
+	Rules    int // rules in the ruleset after the sync
+	Elements int // map/set elements after the sync
+	Duration time.Duration
+}
+
+// Config is the node-level configuration every backend is built with.
+type Config struct {
+	// ClusterCIDRs are the pod networks; traffic to a cluster IP from
+	// outside them is masqueraded. Empty means: never (unless MasqueradeAll).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to Services.
+	MasqueradeAll bool
+	// MasqueradeBit is the packet mark bit that requests masquerade.
+	MasqueradeBit uint
+	// SourceRangesOnNodePorts applies loadBalancerSourceRanges to NodePorts too.
+	SourceRangesOnNodePorts bool
+}
+
+// MasqueradeMark is the mark value of c.MasqueradeBit (default bit 14, as kube-proxy).
+func (c Config) MasqueradeMark() uint32 {
+	b := c.MasqueradeBit
+	if b == 0 || b > 31 {
+		b = 14
+	}
+	return 1 << b
+}
