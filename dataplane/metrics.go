@@ -1,0 +1,282 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the agent's Prometheus metrics. Where a metric means what
+// kube-proxy's metric of that name means, it has kube-proxy's name, so that
+// existing dashboards and alerts keep working; onehop's own are onehop_*.
+//
+// onehop syncs both IP families in one step, so the sync metrics carry no
+// ip_family label (kube-proxy has one proxier, and one series, per family).
+//
+// All methods are safe for concurrent use and do nothing on a nil *Metrics.
+type Metrics struct {
+	now func() time.Time
+
+	syncDuration        prometheus.Histogram
+	syncFullDuration    prometheus.Histogram
+	syncPartialDuration prometheus.Histogram
+	lastSync            prometheus.Gauge
+	lastQueued          prometheus.Gauge
+	programming         prometheus.Histogram
+	endpointChanges     prometheus.Counter
+	serviceChanges      prometheus.Counter
+	noLocalEndpoints    *prometheus.GaugeVec
+	healthz             *prometheus.CounterVec
+	livez               *prometheus.CounterVec
+
+	rules          prometheus.Gauge
+	elements       prometheus.Gauge
+	syncs          *prometheus.CounterVec
+	syncFailures   *prometheus.CounterVec
+	changedPortals prometheus.Counter
+	messages       prometheus.Counter
+}
+
+// syncBuckets are kube-proxy's sync-duration buckets: 1ms doubling to ~16s.
+var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// programmingBuckets are kube-proxy's network-programming buckets: 0.25s and
+// 0.5s, every second to 59s, every 5s to 115s, every 30s to 5min.
+func programmingBuckets() []float64 {
+	var b []float64
+	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	b = append(b, prometheus.LinearBuckets(120, 30, 7)...)
+	return b
+}
+
+// NewMetrics creates the metrics and registers them, with the Go runtime
+// and process collectors (go_*, process_*, as kube-proxy exposes), on reg.
+// It panics when one is already registered there, as MustRegister does.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		now: time.Now,
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_proxy_rules_duration_seconds",
+			Help:    "Duration of one sync of the dataplane (full or partial), in seconds.",
+			Buckets: syncBuckets,
+		}),
+		syncFullDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_full_proxy_rules_duration_seconds",
+			Help:    "Duration of full syncs of the dataplane, in seconds.",
+			Buckets: syncBuckets,
+		}),
+		syncPartialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+			Help:    "Duration of partial syncs of the dataplane, in seconds.",
+			Buckets: syncBuckets,
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			Help: "When the dataplane was last synced successfully, in seconds since the epoch.",
+		}),
+		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "When a sync of the dataplane was last queued, in seconds since the epoch.",
+		}),
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kubeproxy_network_programming_duration_seconds",
+			Help: "Time from an endpoint change (the EndpointSlice's last-change-trigger-time) " +
+				"to the dataplane carrying it, in seconds.",
+			Buckets: programmingBuckets(),
+		}),
+		endpointChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+			Help: "EndpointSlice changes seen.",
+		}),
+		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubeproxy_sync_proxy_rules_service_changes_total",
+			Help: "Service changes seen.",
+		}),
+		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+			Help: "Service ports with a Local traffic policy and no local endpoints, after the last sync.",
+		}, []string{"traffic_policy", "ip_family"}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_healthz_total",
+			Help: "Answers of /healthz, by HTTP status code.",
+		}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_livez_total",
+			Help: "Answers of /livez, by HTTP status code.",
+		}, []string{"code"}),
+
+		rules: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onehop_rules",
+			Help: "Rules in onehop's ruleset after the last successful sync.",
+		}),
+		elements: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onehop_map_elements",
+			Help: "Map and set elements in onehop's ruleset after the last successful sync.",
+		}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_syncs_total",
+			Help: "Syncs of the dataplane attempted, by mode (full or partial).",
+		}, []string{"mode"}),
+		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_sync_failures_total",
+			Help: "Syncs of the dataplane that failed (the kernel kept its previous state), by mode.",
+		}, []string{"mode"}),
+		changedPortals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onehop_sync_changed_portals_total",
+			Help: "Service ports whose kernel state a successful sync changed.",
+		}),
+		messages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onehop_sync_messages_total",
+			Help: "Netlink messages (or commands) sent by successful syncs.",
+		}),
+	}
+	// Series that exist from the start, so that rate() and absent() work
+	// before the first event.
+	for _, mode := range []string{"full", "partial"} {
+		m.syncs.WithLabelValues(mode)
+		m.syncFailures.WithLabelValues(mode)
+	}
+	for _, code := range []string{"200", "503"} {
+		m.healthz.WithLabelValues(code)
+		m.livez.WithLabelValues(code)
+	}
+	reg.MustRegister(
+		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
+		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
+		m.rules, m.elements, m.syncs, m.syncFailures, m.changedPortals, m.messages,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// ObserveSync records one Sync of the dataplane and its outcome. Durations
+// are recorded for failed syncs too (as kube-proxy does); the last-sync time
+// and the ruleset sizes only for successful ones.
+func (m *Metrics) ObserveSync(s SyncStats, err error) {
+	if m == nil {
+		return
+	}
+	mode := "partial"
+	byMode := m.syncPartialDuration
+	if s.Full {
+		mode = "full"
+		byMode = m.syncFullDuration
+	}
+	m.syncs.WithLabelValues(mode).Inc()
+	if s.Duration > 0 {
+		m.syncDuration.Observe(s.Duration.Seconds())
+		byMode.Observe(s.Duration.Seconds())
+	}
+	if err != nil {
+		m.syncFailures.WithLabelValues(mode).Inc()
+		return
+	}
+	m.lastSync.Set(unixSeconds(m.now()))
+	m.rules.Set(float64(s.Rules))
+	m.elements.Set(float64(s.Elements))
+	m.changedPortals.Add(float64(s.Changed))
+	m.messages.Add(float64(s.Messages))
+}
+
+// ObserveProgramming records the time from an endpoint change (the
+// EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time) to the
+// sync that put it in the kernel. Negative durations (clock skew) count as 0.
+func (m *Metrics) ObserveProgramming(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.programming.Observe(max(d, 0).Seconds())
+}
+
+// EndpointChanges counts n EndpointSlice changes.
+func (m *Metrics) EndpointChanges(n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.endpointChanges.Add(float64(n))
+}
+
+// ServiceChanges counts n Service changes.
+func (m *Metrics) ServiceChanges(n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.serviceChanges.Add(float64(n))
+}
+
+// NoLocalEndpoints sets how many Service ports of family ("ipv4", "IPv4",
+// "4", or the IPv6 equivalents) have a Local traffic policy (external for
+// externalTrafficPolicy, else internalTrafficPolicy) and no local endpoint.
+// It is a gauge, despite its kube-proxy name: set it after every sync.
+func (m *Metrics) NoLocalEndpoints(family string, external bool, n int) {
+	if m == nil {
+		return
+	}
+	policy := "internal"
+	if external {
+		policy = "external"
+	}
+	m.noLocalEndpoints.WithLabelValues(policy, kubeFamily(family)).Set(float64(n))
+}
+
+// kubeFamily spells an IP family as Kubernetes does (IPv4, IPv6), the
+// ip_family label values of kube-proxy's metrics.
+func kubeFamily(f string) string {
+	switch strings.ToLower(f) {
+	case "ipv4", "4", "inet", "ip":
+		return "IPv4"
+	case "ipv6", "6", "inet6", "ip6":
+		return "IPv6"
+	}
+	return f
+}
+
+// Serve listens on addr and serves until ctx is done: /metrics from reg,
+// /healthz ("ok": the process answers), and /debug/pprof/ when profiling.
+func (m *Metrics) Serve(ctx context.Context, addr string, reg prometheus.Gatherer, profiling bool) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics server: listen on %s: %w", addr, err)
+	}
+	return m.ServeListener(ctx, ln, reg, profiling)
+}
+
+// ServeListener is Serve on a listener the caller opened; it closes ln.
+func (m *Metrics) ServeListener(ctx context.Context, ln net.Listener, reg prometheus.Gatherer, profiling bool) error {
+	if reg == nil {
+		_ = ln.Close()
+		return errors.New("metrics server: no gatherer")
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write([]byte("ok"))
+	})
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	slog.InfoContext(ctx, "metrics server listening", "addr", ln.Addr().String(), "profiling", profiling)
+	return serveHTTP(ctx, ln, mux, "metrics server")
+}
