@@ -1,0 +1,2 @@
+// Package ipvs is onehop's IPVS dataplane.
+package ipvs

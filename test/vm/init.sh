@@ -1,0 +1,47 @@
+#!/bin/sh
+# /init of the test VM (copied in by image.sh). Runs every /tests/* binary with
+# -test.v and prints, on the serial console:
+#   ONEHOP-VM-BEGIN <name>
+#   ...the test's output...
+#   ONEHOP-VM-END <name> rc=<exit status>
+#   ONEHOP-VM-DONE
+# then powers off. Kernel command-line options (set by the harness):
+#   onehop.run=<regexp>      passed as -test.run
+#   onehop.timeout=<dur>     passed as -test.timeout (default 240s)
+#   onehop.args=<a,b,...>    extra test flags, comma separated
+export PATH=/sbin:/usr/sbin:/bin:/usr/bin
+export ONEHOP_VM=1 HOME=/tmp TMPDIR=/tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+mkdir -p /run/netns
+echo "ONEHOP-VM-BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)s kernel=$(uname -r)"
+for m in $(cat /etc/mods); do
+	modprobe "$m" 2>/dev/null || echo "ONEHOP-VM-WARN modprobe $m failed"
+done
+/sbin/ip link set lo up # IPVS refuses destinations while the local FIB table is empty
+
+run="" timeout=240s args=""
+for o in $(cat /proc/cmdline); do
+	case "$o" in
+	onehop.run=*) run=${o#onehop.run=} ;;
+	onehop.timeout=*) timeout=${o#onehop.timeout=} ;;
+	onehop.args=*) args=$(echo "${o#onehop.args=}" | tr ',' ' ') ;;
+	esac
+done
+for t in /tests/*; do
+	[ -x "$t" ] || continue
+	name=${t##*/}
+	echo "ONEHOP-VM-BEGIN $name"
+	if [ -n "$run" ]; then
+		(cd /tmp && "$t" -test.v -test.timeout="$timeout" -test.run="$run" $args) 2>&1
+	else
+		(cd /tmp && "$t" -test.v -test.timeout="$timeout" $args) 2>&1
+	fi
+	echo "ONEHOP-VM-END $name rc=$?"
+done
+echo "ONEHOP-VM-DONE uptime=$(cut -d' ' -f1 /proc/uptime)s"
+poweroff -f
+sleep 10

@@ -1,0 +1,209 @@
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// GuestPackages are the packages whose tests run inside the VM, relative to
+// the module root; the guest binary is named after the last element.
+var GuestPackages = []string{"./ipvs"}
+
+const qemu = "qemu-system-x86_64"
+
+func TestIPVSInVM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM (about a minute under TCG); skipped with -short")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("needs root: installs qemu/busybox/ipvsadm with apt-get, extracts a kernel .deb and boots it")
+	}
+	if os.Getenv("ONEHOP_VM") != "" {
+		t.Skip("already inside the test VM")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	root := moduleRoot(t)
+	work := t.TempDir()
+	start := time.Now()
+
+	// 1. Static test binaries: the guest has no libc for them.
+	var bins []string
+	for _, pkg := range GuestPackages {
+		name := filepath.Base(pkg) + ".test"
+		out := filepath.Join(work, name)
+		cmd := exec.CommandContext(ctx, "go", "test", "-c", "-trimpath", "-o", out, pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building %s for the guest: %v\n%s", pkg, err, b)
+		}
+		if _, err := os.Stat(out); err != nil {
+			t.Fatalf("%s has no tests to run in the guest", pkg)
+		}
+		bins = append(bins, name+"="+out)
+	}
+	built := time.Now()
+
+	// 2. Kernel (cached) and initramfs; image.sh installs missing host packages.
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "test/vm/image.sh"), filepath.Join(work, "img")}, bins...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	imgErr := cmd.Run()
+	if _, err := exec.LookPath(qemu); err != nil {
+		msg := fmt.Sprintf("%s is not available and could not be installed (%v); image.sh said:\n%s", qemu, imgErr, stderr.String())
+		if os.Getenv("ONEHOP_VM_REQUIRED") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	if imgErr != nil {
+		t.Fatalf("image.sh: %v\n%s", imgErr, stderr.String())
+	}
+	t.Logf("image: %s", strings.TrimSpace(stderr.String()))
+	paths := map[string]string{}
+	for _, l := range strings.Split(stdout.String(), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok {
+			paths[k] = v
+		}
+	}
+	if paths["kernel"] == "" || paths["initrd"] == "" {
+		t.Fatalf("image.sh printed no kernel/initrd: %q", stdout.String())
+	}
+	imaged := time.Now()
+
+	// 3. Boot. No NIC: nothing the guest does can leave the VM.
+	appendLine := "console=ttyS0 panic=-1 quiet"
+	if r := os.Getenv("ONEHOP_VM_RUN"); r != "" {
+		if strings.ContainsAny(r, " \t") {
+			t.Fatalf("ONEHOP_VM_RUN must not contain spaces: %q", r)
+		}
+		appendLine += " onehop.run=" + r
+	}
+	args := []string{"-accel", "tcg", "-smp", "2", "-m", "1024M", "-nographic", "-no-reboot", "-nic", "none",
+		"-kernel", paths["kernel"], "-initrd", paths["initrd"], "-append", appendLine}
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+		f.Close()
+		args = append([]string{"-accel", "kvm"}, args...) // tried first; tcg is the fallback
+	}
+	qctx, qcancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer qcancel()
+	q := exec.CommandContext(qctx, qemu, args...)
+	q.Stdin = nil
+	pipe, err := q.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Stderr = q.Stdout
+	if err := q.Start(); err != nil {
+		t.Skipf("%s cannot start: %v", qemu, err)
+	}
+	var console []string
+	sc := bufio.NewScanner(pipe)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := strings.TrimRight(ansi.ReplaceAllString(sc.Text(), ""), "\r")
+		console = append(console, l)
+		t.Logf("[guest %5.1fs] %s", time.Since(imaged).Seconds(), l)
+	}
+	qerr := q.Wait()
+	booted := time.Now()
+	t.Logf("timing: build %.1fs, image %.1fs, vm %.1fs, total %.1fs",
+		built.Sub(start).Seconds(), imaged.Sub(built).Seconds(), booted.Sub(imaged).Seconds(), booted.Sub(start).Seconds())
+
+	res, err := parseConsole(console)
+	if err != nil {
+		t.Fatalf("guest did not finish (qemu: %v, ctx: %v): %v", qerr, qctx.Err(), err)
+	}
+	for _, pkg := range GuestPackages {
+		name := filepath.Base(pkg) + ".test"
+		r, ok := res[name]
+		switch {
+		case !ok:
+			t.Errorf("%s did not run in the guest", name)
+		case r.rc != 0:
+			t.Errorf("%s failed in the guest (exit %d): %s\nfailures:\n%s", name, r.rc, r.summary(), strings.Join(r.failed, "\n"))
+		case r.passed == 0:
+			t.Errorf("%s ran no test in the guest: %s", name, r.summary())
+		default:
+			t.Logf("%s in the guest: %s", name, r.summary())
+		}
+	}
+}
+
+var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1bc`)
+
+type result struct {
+	rc                     int
+	passed, skipped, total int
+	failed                 []string
+}
+
+func (r result) summary() string {
+	return fmt.Sprintf("%d passed, %d failed, %d skipped", r.passed, len(r.failed), r.skipped)
+}
+
+// parseConsole reads the markers init.sh prints around each test binary.
+func parseConsole(lines []string) (map[string]result, error) {
+	res := map[string]result{}
+	cur := ""
+	var r result
+	done := false
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "ONEHOP-VM-BEGIN "):
+			cur, r = strings.TrimSpace(strings.TrimPrefix(l, "ONEHOP-VM-BEGIN ")), result{}
+		case strings.HasPrefix(l, "ONEHOP-VM-END "):
+			var name string
+			if _, err := fmt.Sscanf(l, "ONEHOP-VM-END %s rc=%d", &name, &r.rc); err != nil {
+				return nil, fmt.Errorf("bad end marker %q: %v", l, err)
+			}
+			res[name] = r
+			cur = ""
+		case strings.HasPrefix(l, "ONEHOP-VM-DONE"):
+			done = true
+		case cur != "":
+			t := strings.TrimSpace(l)
+			switch {
+			case strings.HasPrefix(t, "--- PASS"):
+				r.passed++
+			case strings.HasPrefix(t, "--- SKIP"):
+				r.skipped++
+			case strings.HasPrefix(t, "--- FAIL"):
+				r.failed = append(r.failed, t)
+			}
+		}
+	}
+	if cur != "" {
+		return res, fmt.Errorf("%s started but never finished (crash or timeout)", cur)
+	}
+	if !done {
+		return res, errors.New("no ONEHOP-VM-DONE marker on the console")
+	}
+	return res, nil
+}
+
+func moduleRoot(t *testing.T) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", dir)
+		}
+	}
+}
