@@ -1,0 +1,189 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+// Backend is the nftables Dataplane. It is not safe for concurrent use:
+// the sync runner calls it from one goroutine.
+type Backend struct {
+	cfg     dataplane.Config
+	log     *slog.Logger
+	netnsFD int
+
+	table *nftables.Table
+	sets  map[string]*nftables.Set
+
+	// What the kernel holds, as far as this process applied it.
+	synced   bool
+	services map[portal.ServiceKey]*appliedService
+	owners   map[string]portal.PortKey // elem id -> portal that owns it
+	hairpin  map[netip.Addr]int        // endpoint address -> portals using it
+	npIPs    []netip.Addr
+	chains   int // per-portal chains
+	elements int
+	lastUse  uint32 // the table's use count after our last sync
+}
+
+type appliedService struct {
+	svc  *portal.Service
+	objs map[portal.PortKey]*objects
+}
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithNetNS makes the backend program the network namespace behind fd
+// instead of the caller's (used by tests).
+func WithNetNS(fd int) Option { return func(b *Backend) { b.netnsFD = fd } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
+
+// New returns an nftables backend. It changes nothing until the first Sync.
+func New(cfg dataplane.Config, opts ...Option) *Backend {
+	b := &Backend{cfg: cfg, log: slog.Default(), netnsFD: -1}
+	for _, o := range opts {
+		o(b)
+	}
+	b.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	b.sets = map[string]*nftables.Set{}
+	for _, s := range fixedSets(b.table) {
+		b.sets[s.Name] = s
+	}
+	b.reset()
+	return b
+}
+
+func (b *Backend) reset() {
+	b.synced = false
+	b.services = map[portal.ServiceKey]*appliedService{}
+	b.owners = map[string]portal.PortKey{}
+	b.hairpin = map[netip.Addr]int{}
+	b.npIPs = nil
+	b.chains, b.elements = 0, 0
+}
+
+// Name implements dataplane.Dataplane.
+func (b *Backend) Name() string { return "nft" }
+
+// Sync implements dataplane.Dataplane.
+func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {
+	start := time.Now()
+	full = full || !b.synced
+	conn, err := newConn(b.netnsFD)
+	if err != nil {
+		return dataplane.SyncStats{}, err
+	}
+	t := b.newTx(conn, full)
+	if full {
+		if err := t.writeFixed(); err != nil {
+			return dataplane.SyncStats{}, err
+		}
+	}
+	keys := snap.Dirty
+	if full {
+		keys = keys[:0:0]
+		for k := range snap.Services {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, func(a, b portal.ServiceKey) int {
+			if a.Namespace != b.Namespace {
+				return compareStrings(a.Namespace, b.Namespace)
+			}
+			return compareStrings(a.Name, b.Name)
+		})
+	}
+	for _, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return dataplane.SyncStats{}, err
+		}
+		t.service(k, snap.Services[k])
+	}
+	t.nodePortIPs(snap.Node.NodePortAddrs)
+	stats, err := t.commit()
+	stats.Full = full
+	stats.Services = len(keys)
+	stats.Duration = time.Since(start)
+	if err != nil {
+		b.reset() // the kernel rolled back; only a full sync is safe now
+		return stats, err
+	}
+	if tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err == nil {
+		b.lastUse = tb.Use
+	}
+	return stats, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Check implements dataplane.Dataplane: it notices when the table was
+// deleted, or chains, sets or base rules were removed or added by someone
+// else. It costs a few netlink round trips.
+func (b *Backend) Check(ctx context.Context) error {
+	if !b.synced {
+		return nil
+	}
+	conn, err := newConn(b.netnsFD)
+	if err != nil {
+		return err
+	}
+	tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("table inet %s is gone: %w", TableName, err)
+	}
+	if tb.Use != b.lastUse {
+		return fmt.Errorf("table inet %s holds %d objects, onehop left %d: changed by someone else", TableName, tb.Use, b.lastUse)
+	}
+	want := fixedRules(b.cfg)
+	for _, c := range []string{chainServices, chainNatPrerouting, chainNatPostrouting, chainNoEndpoints} {
+		rules, err := conn.GetRules(b.table, &nftables.Chain{Name: c, Table: b.table})
+		if err != nil {
+			return fmt.Errorf("chain %s: %w", c, err)
+		}
+		if len(rules) != len(want[c]) {
+			return fmt.Errorf("chain %s has %d rules, onehop left %d: changed by someone else", c, len(rules), len(want[c]))
+		}
+	}
+	return nil
+}
+
+// Cleanup implements dataplane.Dataplane: it deletes the onehop table, and
+// nothing else. A missing table is not an error.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	conn, err := newConn(b.netnsFD)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err != nil {
+		b.reset()
+		return nil
+	}
+	conn.DelTable(b.table)
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("delete table inet %s: %w", TableName, err)
+	}
+	b.reset()
+	return nil
+}
+
+var errConflict = errors.New("conflict")

@@ -1,0 +1,90 @@
+package nft
+
+import (
+	"encoding/binary"
+	"net/netip"
+
+	"github.com/google/nftables/binaryutil"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// Keys of concatenated set types are laid out in 4-byte registers: each
+// field is padded to a multiple of 4 bytes.
+
+func pad4(b []byte) []byte {
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func addrBytes(a netip.Addr) []byte {
+	if a.Is4() || a.Is4In6() {
+		b := a.Unmap().As4()
+		return b[:]
+	}
+	b := a.As16()
+	return b[:]
+}
+
+func portBytes(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
+
+// vipKey encodes ip . l4proto . port.
+func vipKey(a netip.Addr, proto portal.Protocol, port uint16) []byte {
+	b := append([]byte{}, addrBytes(a)...)
+	b = pad4(append(b, byte(proto)))
+	return pad4(append(b, portBytes(port)...))
+}
+
+// protoPortKey encodes l4proto . port.
+func protoPortKey(proto portal.Protocol, port uint16) []byte {
+	b := pad4([]byte{byte(proto)})
+	return pad4(append(b, portBytes(port)...))
+}
+
+// addrPortVal encodes ip . port, the data of an endpoint map.
+func addrPortVal(ap netip.AddrPort) []byte {
+	b := append([]byte{}, addrBytes(ap.Addr())...)
+	return pad4(append(b, portBytes(ap.Port())...))
+}
+
+// pairKey encodes ip . ip.
+func pairKey(a, b netip.Addr) []byte {
+	return append(append([]byte{}, addrBytes(a)...), addrBytes(b)...)
+}
+
+// numgenKey encodes a numgen result (host byte order, like the register).
+func numgenKey(i uint32) []byte { return binaryutil.NativeEndian.PutUint32(i) }
+
+// decodeVIPKey is the inverse of vipKey.
+func decodeVIPKey(f portal.Family, b []byte) (netip.Addr, portal.Protocol, uint16, bool) {
+	n := 4
+	if f == portal.IPv6 {
+		n = 16
+	}
+	if len(b) < n+8 {
+		return netip.Addr{}, 0, 0, false
+	}
+	a, _ := netip.AddrFromSlice(b[:n])
+	return a, portal.Protocol(b[n]), binary.BigEndian.Uint16(b[n+4:]), true
+}
+
+func decodeProtoPortKey(b []byte) (portal.Protocol, uint16, bool) {
+	if len(b) < 8 {
+		return 0, 0, false
+	}
+	return portal.Protocol(b[0]), binary.BigEndian.Uint16(b[4:]), true
+}
+
+func decodeAddrPortVal(f portal.Family, b []byte) (netip.AddrPort, bool) {
+	n := 4
+	if f == portal.IPv6 {
+		n = 16
+	}
+	if len(b) < n+2 {
+		return netip.AddrPort{}, false
+	}
+	a, _ := netip.AddrFromSlice(b[:n])
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(b[n:])), true
+}

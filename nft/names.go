@@ -1,0 +1,84 @@
+package nft
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// TableName is the only table onehop owns (family inet).
+const TableName = "onehop"
+
+// Base chains and fixed objects of the table.
+const (
+	chainNatPrerouting  = "nat-prerouting"
+	chainNatOutput      = "nat-output"
+	chainNatPostrouting = "nat-postrouting"
+	chainFilterInput    = "filter-input"
+	chainFilterForward  = "filter-forward"
+	chainFilterOutput   = "filter-output"
+	chainServices       = "services"
+	chainNoEndpoints    = "noep-check"
+	chainReject         = "reject"
+	chainMasqOutside    = "masq-outside"
+)
+
+// fam returns the "4" or "6" suffix of family-specific objects.
+func fam(f portal.Family) string {
+	if f == portal.IPv6 {
+		return "6"
+	}
+	return "4"
+}
+
+func setVIPs(f portal.Family) string          { return "vips" + fam(f) }
+func setNodePorts(f portal.Family) string     { return "nodeports" + fam(f) }
+func setNodePortIPs(f portal.Family) string   { return "nodeport-ips" + fam(f) }
+func setNoEndpoints(f portal.Family) string   { return "noep" + fam(f) }
+func setNoEndpointsNP(f portal.Family) string { return "noep-nodeports" + fam(f) }
+func setHairpin(f portal.Family) string       { return "hairpin" + fam(f) }
+
+// Per-portal chains are named kind<family>/<namespace>/<name>/<proto>/<port>,
+// readable in `nft list` and parsed back by dump-rules. Port names are DNS
+// labels, so "_" (an unnamed port) cannot clash with a real name.
+const (
+	kindService  = "svc"
+	kindExternal = "ext"
+	kindAll      = "all" // all endpoints, when the svc chain only has local ones
+)
+
+func portalChain(kind string, k portal.PortKey) string {
+	port := k.Port
+	if port == "" {
+		port = "_"
+	}
+	return fmt.Sprintf("%s%s/%s/%s/%s/%s", kind, fam(k.Family), k.Service.Namespace, k.Service.Name, k.Protocol, port)
+}
+
+// parsePortalChain is the inverse of portalChain.
+func parsePortalChain(name string) (kind string, k portal.PortKey, ok bool) {
+	parts := strings.Split(name, "/")
+	if len(parts) != 5 || len(parts[0]) < 2 {
+		return "", k, false
+	}
+	kind, f := parts[0][:len(parts[0])-1], parts[0][len(parts[0])-1]
+	switch f {
+	case '4':
+		k.Family = portal.IPv4
+	case '6':
+		k.Family = portal.IPv6
+	default:
+		return "", k, false
+	}
+	proto, ok := portal.ParseProtocol(parts[3])
+	if !ok {
+		return "", k, false
+	}
+	k.Service = portal.ServiceKey{Namespace: parts[1], Name: parts[2]}
+	k.Protocol = proto
+	if parts[4] != "_" {
+		k.Port = parts[4]
+	}
+	return kind, k, true
+}

@@ -1,0 +1,145 @@
+package nft
+
+import (
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+var families = []portal.Family{portal.IPv4, portal.IPv6}
+
+func addrType(f portal.Family) nftables.SetDatatype {
+	if f == portal.IPv6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
+}
+
+// fixedSets returns the named sets and maps of the table (empty).
+func fixedSets(t *nftables.Table) []*nftables.Set {
+	var sets []*nftables.Set
+	for _, f := range families {
+		vipType := nftables.MustConcatSetType(addrType(f), nftables.TypeInetProto, nftables.TypeInetService)
+		ppType := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+		sets = append(sets,
+			&nftables.Set{Table: t, Name: setVIPs(f), IsMap: true, Concatenation: true, KeyType: vipType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setNoEndpoints(f), IsMap: true, Concatenation: true, KeyType: vipType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setNodePorts(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setNoEndpointsNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setNodePortIPs(f), KeyType: addrType(f)},
+			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
+		)
+	}
+	return sets
+}
+
+type chainSpec struct {
+	name     string
+	typ      nftables.ChainType
+	hook     *nftables.ChainHook
+	priority int32
+}
+
+var baseChains = []chainSpec{
+	{chainNatPrerouting, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -100},
+	{chainNatOutput, nftables.ChainTypeNAT, nftables.ChainHookOutput, -100},
+	{chainNatPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, 100},
+	{chainFilterInput, nftables.ChainTypeFilter, nftables.ChainHookInput, -10},
+	{chainFilterForward, nftables.ChainTypeFilter, nftables.ChainHookForward, -10},
+	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, -10},
+}
+
+var regularChains = []string{chainServices, chainNoEndpoints, chainReject, chainMasqOutside}
+
+// fixedRules returns the rules of the fixed chains, by chain name, in order.
+func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
+	mark := cfg.MasqueradeMark()
+	r := map[string][][]expr.Any{}
+	jump := func(c string) [][]expr.Any { return [][]expr.Any{{verdict(expr.VerdictJump, c)}} }
+	r[chainNatPrerouting] = jump(chainServices)
+	r[chainNatOutput] = jump(chainServices)
+	noep := [][]expr.Any{append(matchCtState(expr.CtStateBitNEW), verdict(expr.VerdictJump, chainNoEndpoints))}
+	r[chainFilterInput] = noep
+	r[chainFilterForward] = noep
+	r[chainFilterOutput] = noep
+
+	var services, check [][]expr.Any
+	for _, f := range families {
+		fm := matchFamily(f)
+		services = append(services, cat(fm, loadVIPKey(f), []expr.Any{vmap(setVIPs(f))}))
+		check = append(check, cat(fm, loadVIPKey(f), []expr.Any{vmap(setNoEndpoints(f))}))
+		np := cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setNodePortIPs(f), false)}, loadProtoPort(unix.NFT_REG32_00))
+		services = append(services, cat(np, []expr.Any{vmap(setNodePorts(f))}))
+		check = append(check, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
+	}
+	r[chainServices] = services
+	r[chainNoEndpoints] = check
+	r[chainReject] = [][]expr.Any{
+		cat(matchL4Proto(portal.TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}),
+		{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},
+	}
+
+	var masq [][]expr.Any
+	if cfg.MasqueradeAll {
+		masq = append(masq, setMarkBits(mark))
+	} else if len(cfg.ClusterCIDRs) > 0 {
+		for _, p := range cfg.ClusterCIDRs {
+			f := portal.FamilyOf(p.Addr())
+			masq = append(masq, cat(matchFamily(f), matchPrefix(f, false, p), []expr.Any{verdict(expr.VerdictReturn, "")}))
+		}
+		for _, f := range families {
+			if hasFamily(cfg.ClusterCIDRs, f) {
+				masq = append(masq, cat(matchFamily(f), setMarkBits(mark)))
+			}
+		}
+	}
+	r[chainMasqOutside] = masq
+
+	post := [][]expr.Any{cat(matchMarkBits(mark), clearMarkBits(mark), []expr.Any{masquerade()})}
+	for _, f := range families {
+		post = append(post, cat(matchFamily(f), matchCtStatus(ipsDstNAT),
+			[]expr.Any{loadAddr(f, false, reg1), loadAddr(f, true, reg32After(addrLen(f))), lookup(setHairpin(f), false), masquerade()}))
+	}
+	r[chainNatPostrouting] = post
+	return r
+}
+
+func hasFamily(ps []netip.Prefix, f portal.Family) bool {
+	for _, p := range ps {
+		if portal.FamilyOf(p.Addr()) == f {
+			return true
+		}
+	}
+	return false
+}
+
+// matchPrefix: ip saddr|daddr within p.
+func matchPrefix(f portal.Family, dst bool, p netip.Prefix) []expr.Any {
+	p = p.Masked()
+	n := addrLen(f)
+	mask := make([]byte, n)
+	for i := 0; i < p.Bits(); i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		loadAddr(f, dst, reg1),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(n), Mask: mask, Xor: make([]byte, n)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrBytes(p.Addr())},
+	}
+}
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// ipsDstNAT is the conntrack status bit of a destination-NATed connection.
+const ipsDstNAT = 1 << 5

@@ -1,0 +1,450 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+// elemChunk bounds the elements per netlink message (attribute lengths are
+// 16 bits).
+const elemChunk = 1024
+
+// tx collects one sync's changes: kernel operations in the order the kernel
+// needs them, and the in-memory state to adopt if the kernel accepts them.
+type tx struct {
+	b    *Backend
+	conn *nftables.Conn
+	full bool
+
+	services  map[portal.ServiceKey]*appliedService // nil value: deleted
+	owners    map[string]*portal.PortKey            // nil value: released
+	hairpinD  map[netip.Addr]int
+	npIPs     []netip.Addr
+	npChanged bool
+
+	newChains []string
+	bodies    map[string]chainBody
+	rewrite   map[string]bool // existing chains whose rules are replaced
+	delChains []string
+	addElems  map[string][]nftables.SetElement
+	delElems  map[string][]nftables.SetElement
+
+	stats     dataplane.SyncStats
+	conflicts int
+}
+
+func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
+	return &tx{
+		b: b, conn: conn, full: full,
+		services: map[portal.ServiceKey]*appliedService{},
+		owners:   map[string]*portal.PortKey{},
+		hairpinD: map[netip.Addr]int{},
+		bodies:   map[string]chainBody{},
+		rewrite:  map[string]bool{},
+		addElems: map[string][]nftables.SetElement{},
+		delElems: map[string][]nftables.SetElement{},
+	}
+}
+
+func (t *tx) oldService(k portal.ServiceKey) *appliedService {
+	if t.full {
+		return nil
+	}
+	return t.b.services[k]
+}
+
+func (t *tx) owner(id string) (portal.PortKey, bool) {
+	if o, ok := t.owners[id]; ok {
+		if o == nil {
+			return portal.PortKey{}, false
+		}
+		return *o, true
+	}
+	if t.full {
+		return portal.PortKey{}, false
+	}
+	o, ok := t.b.owners[id]
+	return o, ok
+}
+
+// service diffs one Service against what was applied.
+func (t *tx) service(k portal.ServiceKey, svc *portal.Service) {
+	old := t.oldService(k)
+	if old == nil && svc == nil {
+		return
+	}
+	if old != nil && svc != nil && (old.svc == svc || old.svc.Equal(svc)) {
+		t.services[k] = &appliedService{svc: svc, objs: old.objs}
+		return
+	}
+	var oldObjs map[portal.PortKey]*objects
+	if old != nil {
+		oldObjs = old.objs
+	}
+	newObjs := map[portal.PortKey]*objects{}
+	if svc != nil {
+		for _, p := range svc.Portals {
+			newObjs[p.Key] = render(p)
+		}
+	}
+	keys := make([]portal.PortKey, 0, len(oldObjs)+len(newObjs))
+	for pk := range oldObjs {
+		keys = append(keys, pk)
+	}
+	for pk := range newObjs {
+		if _, ok := oldObjs[pk]; !ok {
+			keys = append(keys, pk)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	for _, pk := range keys {
+		t.portal(pk, oldObjs[pk], newObjs[pk])
+	}
+	if svc == nil {
+		t.services[k] = nil
+	} else {
+		t.services[k] = &appliedService{svc: svc, objs: newObjs}
+	}
+}
+
+var emptyObjects = &objects{}
+
+func (t *tx) portal(pk portal.PortKey, o, n *objects) {
+	if o == nil {
+		o = emptyObjects
+	}
+	if n == nil {
+		n = emptyObjects
+	}
+	changed := false
+	for name := range o.chains {
+		if _, ok := n.chains[name]; !ok {
+			t.delChains = append(t.delChains, name)
+			changed = true
+		}
+	}
+	for name, body := range n.chains {
+		ob, ok := o.chains[name]
+		switch {
+		case !ok:
+			t.newChains = append(t.newChains, name)
+			t.bodies[name] = body
+			changed = true
+		case !ob.equal(body):
+			t.rewrite[name] = true
+			t.bodies[name] = body
+			changed = true
+		}
+	}
+	newByID := make(map[string]elem, len(n.elems))
+	for _, e := range n.elems {
+		newByID[e.id()] = e
+	}
+	for _, e := range o.elems {
+		if ne, ok := newByID[e.id()]; ok && ne.chain == e.chain {
+			continue
+		}
+		if own, ok := t.owner(e.id()); ok && own == pk {
+			t.delElems[e.set] = append(t.delElems[e.set], t.element(e, false))
+			t.owners[e.id()] = nil
+			changed = true
+		}
+	}
+	oldByID := make(map[string]elem, len(o.elems))
+	for _, e := range o.elems {
+		oldByID[e.id()] = e
+	}
+	for _, e := range n.elems {
+		oe, had := oldByID[e.id()]
+		if had && oe.chain == e.chain {
+			continue
+		}
+		if own, ok := t.owner(e.id()); ok && own != pk {
+			t.conflicts++
+			t.b.log.Warn("address already used by another service port; skipped",
+				"portal", pk.String(), "owner", own.String(), "set", e.set)
+			continue
+		}
+		t.addElems[e.set] = append(t.addElems[e.set], t.element(e, true))
+		key := pk
+		t.owners[e.id()] = &key
+		changed = true
+	}
+	for _, a := range o.hairpin {
+		t.hairpinD[a]--
+	}
+	for _, a := range n.hairpin {
+		t.hairpinD[a]++
+	}
+	if changed {
+		t.stats.Changed++
+	}
+}
+
+func (t *tx) element(e elem, add bool) nftables.SetElement {
+	el := nftables.SetElement{Key: []byte(e.key)}
+	if add {
+		el.Comment = e.comment
+	}
+	if e.chain != "" && add {
+		el.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.chain}
+	}
+	return el
+}
+
+func (t *tx) nodePortIPs(addrs []netip.Addr) {
+	addrs = slices.Clone(addrs)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	var old []netip.Addr
+	if !t.full {
+		old = t.b.npIPs
+	}
+	if slices.Equal(old, addrs) && !t.full {
+		return
+	}
+	for _, a := range old {
+		if !slices.Contains(addrs, a) {
+			s := setNodePortIPs(portal.FamilyOf(a))
+			t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: addrBytes(a)})
+		}
+	}
+	for _, a := range addrs {
+		if a.IsLoopback() || !a.IsValid() {
+			continue // NodePorts are never served on loopback
+		}
+		if !slices.Contains(old, a) {
+			s := setNodePortIPs(portal.FamilyOf(a))
+			t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: addrBytes(a)})
+		}
+	}
+	t.npIPs = addrs
+	t.npChanged = true
+}
+
+// writeFixed replaces the whole table atomically: add (so that the delete
+// cannot fail), delete, and re-create with the fixed chains and sets.
+func (t *tx) writeFixed() error {
+	c, tb := t.conn, t.b.table
+	c.AddTable(tb)
+	c.DelTable(tb)
+	c.AddTable(tb)
+	for _, s := range fixedSets(tb) {
+		t.b.sets[s.Name] = s
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("set %s: %w", s.Name, err)
+		}
+	}
+	for _, cs := range baseChains {
+		prio := nftables.ChainPriority(cs.priority)
+		policy := nftables.ChainPolicyAccept
+		c.AddChain(&nftables.Chain{Name: cs.name, Table: tb, Type: cs.typ, Hooknum: cs.hook, Priority: &prio, Policy: &policy})
+	}
+	for _, name := range regularChains {
+		c.AddChain(&nftables.Chain{Name: name, Table: tb})
+	}
+	rules := fixedRules(t.b.cfg)
+	for _, cs := range baseChains {
+		t.addRules(cs.name, rules[cs.name])
+	}
+	for _, name := range regularChains {
+		t.addRules(name, rules[name])
+	}
+	t.stats.Messages += 3 + len(t.b.sets) + len(baseChains) + len(regularChains)
+	return nil
+}
+
+func (t *tx) addRules(chain string, rules [][]expr.Any) {
+	ch := &nftables.Chain{Name: chain, Table: t.b.table}
+	for _, r := range rules {
+		t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: r})
+		t.stats.Messages++
+	}
+}
+
+// chainRules writes the rules of a per-portal chain.
+func (t *tx) chainRules(name string, body chainBody) error {
+	ch := &nftables.Chain{Name: name, Table: t.b.table}
+	tb := t.b.table
+	add := func(e []expr.Any) {
+		t.conn.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: e})
+		t.stats.Messages++
+	}
+	if body.masqOutside {
+		add([]expr.Any{verdict(expr.VerdictJump, chainMasqOutside)})
+	}
+	if body.mark {
+		add(setMarkBits(t.b.cfg.MasqueradeMark()))
+	}
+	if body.gotoChain != "" {
+		add([]expr.Any{counter(), verdict(expr.VerdictGoto, body.gotoChain)})
+	}
+	if len(body.endpoints) == 0 {
+		return nil
+	}
+	f := portal.FamilyOf(body.endpoints[0].Addr())
+	n := addrLen(f)
+	dnat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(f)), RegAddrMin: reg1, RegProtoMin: reg32After(n)}
+	if len(body.endpoints) == 1 {
+		ep := body.endpoints[0]
+		add([]expr.Any{counter(),
+			&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
+			&expr.Immediate{Register: reg32After(n), Data: portBytes(ep.Port())},
+			dnat})
+		return nil
+	}
+	set := &nftables.Set{Table: tb, Anonymous: true, Constant: true, IsMap: true,
+		KeyType: nftables.TypeInteger, DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)}
+	elems := make([]nftables.SetElement, len(body.endpoints))
+	for i, ep := range body.endpoints {
+		elems[i] = nftables.SetElement{Key: numgenKey(uint32(i)), Val: addrPortVal(ep)}
+	}
+	if err := t.conn.AddSet(set, elems); err != nil {
+		return fmt.Errorf("chain %s: endpoint map: %w", name, err)
+	}
+	t.stats.Messages += 2
+	add([]expr.Any{counter(),
+		&expr.Numgen{Register: reg1, Modulus: uint32(len(body.endpoints)), Type: 1 /* NFT_NG_RANDOM */},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: set.Name, SetID: set.ID},
+		dnat})
+	return nil
+}
+
+func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
+	names := make([]string, 0, len(m))
+	for s := range m {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	for _, s := range names {
+		els := m[s]
+		for i := 0; i < len(els); i += elemChunk {
+			chunk := els[i:min(i+elemChunk, len(els))]
+			var err error
+			if add {
+				err = t.conn.SetAddElements(t.b.sets[s], chunk)
+			} else {
+				err = t.conn.SetDeleteElements(t.b.sets[s], chunk)
+			}
+			if err != nil {
+				return fmt.Errorf("set %s: %w", s, err)
+			}
+			t.stats.Messages++
+		}
+	}
+	return nil
+}
+
+// commit sends the transaction and, when the kernel accepts it, adopts the
+// new state in memory.
+func (t *tx) commit() (dataplane.SyncStats, error) {
+	// Hairpin set: elements whose reference count crosses zero.
+	for a, d := range t.hairpinD {
+		if d == 0 {
+			continue
+		}
+		before := 0
+		if !t.full {
+			before = t.b.hairpin[a]
+		}
+		after := before + d
+		s := setHairpin(portal.FamilyOf(a))
+		switch {
+		case before <= 0 && after > 0:
+			t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: pairKey(a, a)})
+		case before > 0 && after <= 0:
+			t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: pairKey(a, a)})
+		}
+	}
+
+	sort.Strings(t.newChains)
+	for _, name := range t.newChains {
+		t.conn.AddChain(&nftables.Chain{Name: name, Table: t.b.table})
+		t.stats.Messages++
+	}
+	names := make([]string, 0, len(t.bodies))
+	for name := range t.bodies {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if t.rewrite[name] {
+			t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
+			t.stats.Messages++
+		}
+		if err := t.chainRules(name, t.bodies[name]); err != nil {
+			return t.stats, err
+		}
+	}
+	if err := t.setElems(t.delElems, false); err != nil {
+		return t.stats, err
+	}
+	if err := t.setElems(t.addElems, true); err != nil {
+		return t.stats, err
+	}
+	sort.Strings(t.delChains)
+	for _, name := range t.delChains {
+		t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
+	}
+	for _, name := range t.delChains {
+		t.conn.DelChain(&nftables.Chain{Name: name, Table: t.b.table})
+	}
+	t.stats.Messages += 2 * len(t.delChains)
+
+	if t.stats.Messages > 0 {
+		if err := t.conn.Flush(); err != nil {
+			return t.stats, fmt.Errorf("nftables transaction (%d messages): %w", t.stats.Messages, err)
+		}
+	}
+	t.adopt()
+	return t.stats, nil
+}
+
+func (t *tx) adopt() {
+	b := t.b
+	if t.full {
+		b.reset()
+	}
+	b.synced = true
+	for k, s := range t.services {
+		if s == nil {
+			delete(b.services, k)
+		} else {
+			b.services[k] = s
+		}
+	}
+	for id, o := range t.owners {
+		if o == nil {
+			delete(b.owners, id)
+		} else {
+			b.owners[id] = *o
+		}
+	}
+	for a, d := range t.hairpinD {
+		if n := b.hairpin[a] + d; n > 0 {
+			b.hairpin[a] = n
+		} else {
+			delete(b.hairpin, a)
+		}
+	}
+	if t.npChanged {
+		b.npIPs = t.npIPs
+	}
+	b.chains += len(t.newChains) - len(t.delChains)
+	for _, els := range t.addElems {
+		b.elements += len(els)
+	}
+	for _, els := range t.delElems {
+		b.elements -= len(els)
+	}
+	t.stats.Rules = b.chains // per-portal chains hold one or two rules each
+	t.stats.Elements = b.elements
+}
