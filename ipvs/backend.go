@@ -1,0 +1,633 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+// DummyInterface holds every Service VIP so that the kernel treats them as
+// local and hands their packets to IPVS.
+const DummyInterface = "onehop-ipvs0"
+
+// Schedulers are the IPVS schedulers the backend accepts.
+var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos"}
+
+const svcFlagPersistent = 0x1 // IP_VS_SVC_F_PERSISTENT
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithScheduler sets the IPVS scheduler of every virtual server (default rr).
+func WithScheduler(s string) Option { return func(b *Backend) { b.sched = s } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
+
+// WithStateFile sets where the names of the virtual servers are kept for
+// Dump and Cleanup (default /run/onehop/ipvs-services.json).
+func WithStateFile(path string) Option { return func(b *Backend) { b.stateFile = path } }
+
+// WithDrainTimeout bounds how long a removed TCP/SCTP destination stays at
+// weight 0 while its connections drain (default 2 minutes).
+func WithDrainTimeout(d time.Duration) Option { return func(b *Backend) { b.drainTimeout = d } }
+
+// Backend is the IPVS dataplane. It works in the network namespace of the
+// thread that called New (netlink sockets) and of the thread calling its
+// methods (iptables commands, sysctls): in production both are the host's.
+type Backend struct {
+	cfg          dataplane.Config
+	sched        string
+	log          *slog.Logger
+	stateFile    string
+	drainTimeout time.Duration
+
+	mu       sync.Mutex
+	ipvs     *libipvs.Handle
+	nl       *netlink.Handle
+	ipt      map[portal.Family]*iptables
+	applied  *plan                  // what the kernel holds after the last successful sync
+	drains   map[drainKey]time.Time // destinations at weight 0, since when
+	synced   bool
+	needFull bool
+}
+
+type drainKey struct {
+	vs   vsKey
+	dest netip.AddrPort
+}
+
+// New returns an IPVS backend. It opens its netlink sockets and checks the
+// iptables binaries, but changes nothing before the first Sync.
+func New(cfg dataplane.Config, opts ...Option) (*Backend, error) {
+	b := &Backend{cfg: cfg, sched: "rr", log: slog.Default(), stateFile: "/run/onehop/ipvs-services.json",
+		drainTimeout: 2 * time.Minute, drains: map[drainKey]time.Time{}}
+	for _, o := range opts {
+		o(b)
+	}
+	if !slices.Contains(Schedulers, b.sched) {
+		return nil, fmt.Errorf("ipvs: unknown scheduler %q (want one of %v)", b.sched, Schedulers)
+	}
+	h, err := libipvs.New("")
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: netlink (is the ip_vs module available?): %w", err)
+	}
+	if _, err := h.GetServices(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("ipvs: kernel has no IPVS (modprobe ip_vs): %w", err)
+	}
+	nh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("ipvs: rtnetlink: %w", err)
+	}
+	b.ipvs, b.nl = h, nh
+	b.ipt = map[portal.Family]*iptables{}
+	for _, fam := range []portal.Family{portal.IPv4, portal.IPv6} {
+		t, err := newIPTables(fam)
+		if err != nil {
+			if fam == portal.IPv4 {
+				b.Close()
+				return nil, err
+			}
+			b.log.Warn("ipvs: no ip6tables; IPv6 Services will fail to sync", "err", err)
+			continue
+		}
+		b.ipt[fam] = t
+	}
+	return b, nil
+}
+
+// Close releases the netlink sockets; the kernel state stays.
+func (b *Backend) Close() {
+	if b.ipvs != nil {
+		b.ipvs.Close()
+	}
+	if b.nl != nil {
+		b.nl.Close()
+	}
+}
+
+// Name implements dataplane.Dataplane.
+func (b *Backend) Name() string { return "ipvs" }
+
+var _ dataplane.Dataplane = (*Backend)(nil)
+
+// Sync implements dataplane.Dataplane. It computes the whole desired state
+// in memory (cheap) and sends the kernel only the differences: against what
+// the previous sync applied, or, on a full sync, against what the kernel
+// holds. IPVS has no transactions: on error the kernel may hold part of the
+// change, and the next (full) sync converges it.
+func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	start := time.Now()
+	full = full || !b.synced || b.needFull
+	st := dataplane.SyncStats{Full: full, Services: len(snap.Services)}
+	if !full {
+		st.Services = len(snap.Dirty)
+	}
+	b.needFull = true // cleared on success
+	nodeAddrs, err := b.nodePortAddrs(snap.Node)
+	if err != nil {
+		return st, err
+	}
+	want := buildPlan(planInput{Cfg: b.cfg, Sched: b.sched, NodeAddrs: nodeAddrs}, snap.Services)
+	for _, c := range want.Conflicts {
+		b.log.Warn("ipvs: entry not programmed", "conflict", c)
+	}
+	for k := range want.Servers {
+		if b.ipt[k.family()] == nil {
+			return st, fmt.Errorf("ipvs: %s needs ip6tables, which is missing", want.Servers[k].Portal)
+		}
+	}
+	have := b.applied
+	if full {
+		if err := b.setup(); err != nil {
+			return st, err
+		}
+		if have, err = b.readKernel(); err != nil {
+			return st, err
+		}
+	}
+	changed := map[portal.PortKey]bool{}
+	msgs, err := b.applyServers(have, want, changed)
+	st.Messages += msgs
+	if err != nil {
+		return st, err
+	}
+	msgs, err = b.applyVIPs(have, want)
+	st.Messages += msgs
+	if err != nil {
+		return st, err
+	}
+	msgs, err = b.applyRules(have, want, full)
+	st.Messages += msgs
+	if err != nil {
+		return st, err
+	}
+	if err := writeState(b.stateFile, want); err != nil {
+		return st, err
+	}
+	// Keep the draining destinations in the applied state: they are in the kernel.
+	for dk := range b.drains {
+		if v := want.Servers[dk.vs]; v != nil {
+			if _, ok := v.Dests[dk.dest]; !ok {
+				v.Dests[dk.dest] = 0
+			}
+		}
+	}
+	b.applied, b.synced, b.needFull = want, true, false
+	st.Changed = len(changed)
+	st.Rules = len(want.Rules)
+	for _, c := range want.SRChains {
+		st.Rules += len(c.Rules)
+	}
+	for _, v := range want.Servers {
+		st.Elements += 1 + len(v.Dests)
+	}
+	b.reapLocked(time.Now())
+	st.Duration = time.Since(start)
+	return st, nil
+}
+
+// nodePortAddrs are the addresses NodePorts are served on: the node's
+// configured ones, or else every global unicast address of the node.
+func (b *Backend) nodePortAddrs(n portal.Node) ([]netip.Addr, error) {
+	if len(n.NodePortAddrs) > 0 {
+		return n.NodePortAddrs, nil
+	}
+	addrs, err := b.nl.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: listing node addresses: %w", err)
+	}
+	dummyIdx := -1
+	if l, err := b.nl.LinkByName(DummyInterface); err == nil {
+		dummyIdx = l.Attrs().Index
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.LinkIndex == dummyIdx || !ip.Unmap().IsGlobalUnicast() {
+			continue
+		}
+		out = append(out, ip.Unmap())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), nil
+}
+
+// setup creates the dummy interface, the chains and jumps, and sets the
+// sysctls (see doc.go for why each).
+func (b *Backend) setup() error {
+	if err := setSysctls(); err != nil {
+		return err
+	}
+	if _, err := b.ensureDummy(); err != nil {
+		return err
+	}
+	for fam, t := range b.ipt {
+		if err := t.ensureBase(b.cfg, fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Backend) ensureDummy() (netlink.Link, error) {
+	l, err := b.nl.LinkByName(DummyInterface)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return nil, fmt.Errorf("ipvs: %s: %w", DummyInterface, err)
+		}
+		la := netlink.NewLinkAttrs()
+		la.Name = DummyInterface
+		if err := b.nl.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
+			return nil, fmt.Errorf("ipvs: creating %s (needs the dummy module): %w", DummyInterface, err)
+		}
+		if l, err = b.nl.LinkByName(DummyInterface); err != nil {
+			return nil, err
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := b.nl.LinkSetUp(l); err != nil {
+			return nil, fmt.Errorf("ipvs: %s up: %w", DummyInterface, err)
+		}
+	}
+	return l, nil
+}
+
+// readKernel reads the state onehop owns from the kernel: the IPVS services
+// (those on its VIPs or NodePorts it recorded), the dummy's addresses and
+// the per-entry iptables rules.
+func (b *Backend) readKernel() (*plan, error) {
+	pl := newPlan()
+	vips, err := b.dummyAddrs()
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range vips {
+		pl.VIPs[a] = true
+	}
+	names := readState(b.stateFile)
+	svcs, err := b.ipvs.GetServices()
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: listing services: %w", err)
+	}
+	for _, s := range svcs {
+		v, err := b.readServer(s)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		if _, ours := names[v.Key.String()]; !ours && !pl.VIPs[v.Key.Addr] {
+			continue // not onehop's
+		}
+		pl.Servers[v.Key] = v
+	}
+	for fam, t := range b.ipt {
+		if err := t.readRules(fam, pl); err != nil {
+			return nil, err
+		}
+	}
+	return pl, nil
+}
+
+func (b *Backend) readServer(s *libipvs.Service) (*virtualServer, error) {
+	if s.FWMark != 0 {
+		return nil, nil
+	}
+	addr, ok := netip.AddrFromSlice(s.Address)
+	if !ok {
+		return nil, nil
+	}
+	if s.AddressFamily == syscall.AF_INET {
+		addr = addr.Unmap()
+		if addr.Is6() { // moby/ipvs returns 16 bytes for some IPv4 services
+			return nil, nil
+		}
+	}
+	v := &virtualServer{Key: vsKey{Proto: portal.Protocol(s.Protocol), Addr: addr.Unmap(), Port: s.Port}, Sched: s.SchedName,
+		Dests: map[netip.AddrPort]int{}}
+	if s.Flags&svcFlagPersistent != 0 {
+		v.Timeout = s.Timeout
+	}
+	ds, err := b.ipvs.GetDestinations(s)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: destinations of %s: %w", v.Key, err)
+	}
+	for _, d := range ds {
+		a, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			continue
+		}
+		v.Dests[netip.AddrPortFrom(a.Unmap(), d.Port)] = d.Weight
+	}
+	return v, nil
+}
+
+func (b *Backend) dummyAddrs() ([]netip.Addr, error) {
+	l, err := b.nl.LinkByName(DummyInterface)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	as, err := b.nl.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: addresses of %s: %w", DummyInterface, err)
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}
+
+func toService(v *virtualServer) *libipvs.Service {
+	s := &libipvs.Service{Address: net.IP(v.Key.Addr.AsSlice()), Protocol: uint16(v.Key.Proto), Port: v.Key.Port,
+		SchedName: v.Sched, AddressFamily: syscall.AF_INET, Netmask: 0xffffffff}
+	if v.Key.Addr.Is6() {
+		s.AddressFamily, s.Netmask = syscall.AF_INET6, 128
+	}
+	if v.Timeout > 0 {
+		s.Flags, s.Timeout = svcFlagPersistent, v.Timeout
+	}
+	return s
+}
+
+func toDest(d netip.AddrPort, weight int) *libipvs.Destination {
+	fam := uint16(syscall.AF_INET)
+	if d.Addr().Is6() {
+		fam = syscall.AF_INET6
+	}
+	return &libipvs.Destination{Address: net.IP(d.Addr().AsSlice()), Port: d.Port(), Weight: weight,
+		ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: fam}
+}
+
+// applyServers sends the IPVS differences between have and want.
+func (b *Backend) applyServers(have, want *plan, changed map[portal.PortKey]bool) (int, error) {
+	msgs := 0
+	now := time.Now()
+	for k, v := range want.Servers {
+		old := have.Servers[k]
+		svc := toService(v)
+		switch {
+		case old == nil:
+			msgs++
+			if err := b.ipvs.NewService(svc); err != nil {
+				return msgs, fmt.Errorf("ipvs: adding %s for %s: %w", k, v.Portal, err)
+			}
+			old = &virtualServer{Dests: map[netip.AddrPort]int{}}
+			changed[v.Portal] = true
+		case !old.sameService(v):
+			msgs++
+			if err := b.ipvs.UpdateService(svc); err != nil {
+				return msgs, fmt.Errorf("ipvs: updating %s for %s: %w", k, v.Portal, err)
+			}
+			changed[v.Portal] = true
+		}
+		for d, w := range v.Dests {
+			ow, ok := old.Dests[d]
+			switch {
+			case !ok:
+				msgs++
+				if err := b.ipvs.NewDestination(svc, toDest(d, w)); err != nil {
+					return msgs, fmt.Errorf("ipvs: adding %s to %s: %w", d, k, err)
+				}
+				changed[v.Portal] = true
+			case ow != w:
+				msgs++
+				if err := b.ipvs.UpdateDestination(svc, toDest(d, w)); err != nil {
+					return msgs, fmt.Errorf("ipvs: weight of %s in %s: %w", d, k, err)
+				}
+				changed[v.Portal] = true
+			}
+			delete(b.drains, drainKey{k, d})
+		}
+		for d, ow := range old.Dests {
+			if _, ok := v.Dests[d]; ok {
+				continue
+			}
+			dk := drainKey{k, d}
+			if k.Proto == portal.UDP {
+				// No graceful termination for UDP: flows have no end, and
+				// expire_nodest_conn moves them on their next packet.
+				msgs++
+				if err := b.ipvs.DelDestination(svc, toDest(d, 0)); err != nil {
+					return msgs, fmt.Errorf("ipvs: removing %s from %s: %w", d, k, err)
+				}
+				delete(b.drains, dk)
+				changed[v.Portal] = true
+				continue
+			}
+			if ow != 0 {
+				msgs++
+				if err := b.ipvs.UpdateDestination(svc, toDest(d, 0)); err != nil {
+					return msgs, fmt.Errorf("ipvs: draining %s in %s: %w", d, k, err)
+				}
+				changed[v.Portal] = true
+			}
+			if _, ok := b.drains[dk]; !ok {
+				b.drains[dk] = now
+			}
+		}
+	}
+	for k, old := range have.Servers {
+		if _, ok := want.Servers[k]; ok {
+			continue
+		}
+		msgs++
+		if err := b.ipvs.DelService(toService(old)); err != nil && !isNotExist(err) {
+			return msgs, fmt.Errorf("ipvs: removing %s: %w", k, err)
+		}
+		for dk := range b.drains {
+			if dk.vs == k {
+				delete(b.drains, dk)
+			}
+		}
+		changed[old.Portal] = true
+	}
+	return msgs, nil
+}
+
+// applyVIPs binds the wanted VIPs to the dummy interface and removes the others.
+func (b *Backend) applyVIPs(have, want *plan) (int, error) {
+	l, err := b.ensureDummy()
+	if err != nil {
+		return 0, err
+	}
+	msgs := 0
+	for a := range want.VIPs {
+		if have.VIPs[a] {
+			continue
+		}
+		msgs++
+		if err := b.nl.AddrAdd(l, vipAddr(a)); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return msgs, fmt.Errorf("ipvs: binding %s to %s: %w", a, DummyInterface, err)
+		}
+	}
+	for a := range have.VIPs {
+		if want.VIPs[a] {
+			continue
+		}
+		msgs++
+		if err := b.nl.AddrDel(l, vipAddr(a)); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return msgs, fmt.Errorf("ipvs: unbinding %s: %w", a, err)
+		}
+	}
+	return msgs, nil
+}
+
+func vipAddr(a netip.Addr) *netlink.Addr {
+	pfx := netip.PrefixFrom(a, a.BitLen())
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(pfx.Bits(), a.BitLen())}}
+	if a.Is6() {
+		na.Flags = syscall.IFA_F_NODAD
+	}
+	return na
+}
+
+func isNotExist(err error) bool {
+	return errors.Is(err, syscall.ESRCH) || errors.Is(err, syscall.ENOENT)
+}
+
+// Reap deletes drained destinations: those with no connections left, or
+// drained for longer than the drain timeout. Check calls it; Sync too.
+func (b *Backend) reapLocked(now time.Time) {
+	if len(b.drains) == 0 {
+		return
+	}
+	byVS := map[vsKey][]netip.AddrPort{}
+	for dk := range b.drains {
+		byVS[dk.vs] = append(byVS[dk.vs], dk.dest)
+	}
+	for k, dests := range byVS {
+		v := b.applied.Servers[k]
+		svc := &virtualServer{Key: k, Sched: b.sched}
+		if v != nil {
+			svc = v
+		}
+		ds, err := b.ipvs.GetDestinations(toService(svc))
+		if err != nil {
+			b.log.Warn("ipvs: reading draining destinations", "service", k.String(), "err", err)
+			continue
+		}
+		conns := map[netip.AddrPort]int{}
+		present := map[netip.AddrPort]bool{}
+		for _, d := range ds {
+			if a, ok := netip.AddrFromSlice(d.Address); ok {
+				ap := netip.AddrPortFrom(a.Unmap(), d.Port)
+				conns[ap] = d.ActiveConnections + d.InactiveConnections
+				present[ap] = true
+			}
+		}
+		for _, d := range dests {
+			dk := drainKey{k, d}
+			if present[d] && conns[d] > 0 && now.Sub(b.drains[dk]) < b.drainTimeout {
+				continue
+			}
+			if present[d] {
+				if err := b.ipvs.DelDestination(toService(svc), toDest(d, 0)); err != nil && !isNotExist(err) {
+					b.log.Warn("ipvs: removing drained destination", "service", k.String(), "dest", d.String(), "err", err)
+					continue
+				}
+			}
+			delete(b.drains, dk)
+			if v != nil && v.Dests[d] == 0 {
+				delete(v.Dests, d)
+			}
+			b.log.Debug("ipvs: destination drained", "service", k.String(), "dest", d.String(), "connections", conns[d])
+		}
+	}
+}
+
+// Draining returns the destinations currently kept at weight 0.
+func (b *Backend) Draining() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for dk := range b.drains {
+		out = append(out, dk.vs.String()+" -> "+dk.dest.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Check implements dataplane.Dataplane: the dummy interface, the iptables
+// jumps and chains must still be there. It also deletes drained
+// destinations, so that draining is bounded even when no Sync comes.
+func (b *Backend) Check(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.synced {
+		return nil
+	}
+	b.reapLocked(time.Now())
+	l, err := b.nl.LinkByName(DummyInterface)
+	if err != nil {
+		return fmt.Errorf("ipvs: %s is gone: %w", DummyInterface, err)
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("ipvs: %s is down", DummyInterface)
+	}
+	for fam, t := range b.ipt {
+		if err := t.checkBase(fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cleanup implements dataplane.Dataplane: it removes onehop's IPVS services
+// (those on the dummy's VIPs or recorded in the state file), the dummy
+// interface, onehop's iptables chains and jumps, and the state file.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	have, err := b.readKernel()
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		for k, v := range have.Servers {
+			if err := b.ipvs.DelService(toService(v)); err != nil && !isNotExist(err) {
+				errs = append(errs, fmt.Errorf("ipvs: removing %s: %w", k, err))
+			}
+		}
+	}
+	if l, err := b.nl.LinkByName(DummyInterface); err == nil {
+		if err := b.nl.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: deleting %s: %w", DummyInterface, err))
+		}
+	}
+	for _, t := range b.ipt {
+		if err := t.cleanup(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	removeState(b.stateFile)
+	b.applied, b.synced, b.drains = nil, false, map[drainKey]time.Time{}
+	return errors.Join(errs...)
+}

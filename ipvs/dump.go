@@ -1,0 +1,124 @@
+package ipvs
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/onehop/onehop/dataplane"
+)
+
+// Dump implements dataplane.Dataplane: it reads the IPVS services onehop
+// owns and their destinations, with counters, from the kernel, and names
+// them from the state file (virtual servers it has no name for are listed
+// under their address). Raw is ipvsadm-like text plus onehop's iptables
+// chains.
+func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	names := readState(b.stateFile)
+	vipList, err := b.dummyAddrs()
+	if err != nil {
+		return nil, err
+	}
+	vips := map[netip.Addr]bool{}
+	for _, a := range vipList {
+		vips[a] = true
+	}
+	svcs, err := b.ipvs.GetServices()
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: listing services: %w", err)
+	}
+	d := &dataplane.Dump{Backend: b.Name()}
+	ports := map[string]*dataplane.DumpPort{}
+	live := map[string]int{}
+	var raw strings.Builder
+	type rawLine struct{ key, text string }
+	var lines []rawLine
+	for _, s := range svcs {
+		v, err := b.readServer(s)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		name, ours := names[v.Key.String()]
+		if !ours && !vips[v.Key.Addr] {
+			continue
+		}
+		if !ours {
+			name = stateEntry{Service: "unknown " + v.Key.String(), Kind: kindClusterIP}
+		}
+		p := ports[name.Service]
+		if p == nil {
+			p = &dataplane.DumpPort{Service: name.Service}
+			ports[name.Service] = p
+		}
+		addr := fmt.Sprintf("%s/%s", netip.AddrPortFrom(v.Key.Addr, v.Key.Port), v.Key.Proto)
+		if name.Kind == kindNodePort {
+			addr = fmt.Sprintf(":%d/%s", v.Key.Port, v.Key.Proto)
+		}
+		e := dataplane.DumpEntry{Kind: name.Kind, Addr: addr}
+		if !slices.Contains(p.Entries, e) {
+			p.Entries = append(p.Entries, e)
+		}
+		p.Packets += uint64(s.Stats.PacketsIn) + uint64(s.Stats.PacketsOut)
+		p.Bytes += s.Stats.BytesIn + s.Stats.BytesOut
+
+		var t strings.Builder
+		fmt.Fprintf(&t, "%s %s", v.Key, v.Sched)
+		if v.Timeout > 0 {
+			fmt.Fprintf(&t, " persistent %d", v.Timeout)
+		}
+		fmt.Fprintf(&t, "  # %s %s conns=%d packets=%d bytes=%d\n", name.Service, name.Kind,
+			s.Stats.Connections, uint64(s.Stats.PacketsIn)+uint64(s.Stats.PacketsOut), s.Stats.BytesIn+s.Stats.BytesOut)
+		ds, err := b.ipvs.GetDestinations(s)
+		if err != nil {
+			return nil, fmt.Errorf("ipvs: destinations of %s: %w", v.Key, err)
+		}
+		slices.SortFunc(ds, func(x, y *libipvsDest) int { return strings.Compare(destString(x), destString(y)) })
+		for _, dst := range ds {
+			a := destString(dst)
+			fmt.Fprintf(&t, "  -> %s Masq %d active=%d inactive=%d packets=%d bytes=%d\n", a, dst.Weight,
+				dst.ActiveConnections, dst.InactiveConnections,
+				uint64(dst.Stats.PacketsIn)+uint64(dst.Stats.PacketsOut), dst.Stats.BytesIn+dst.Stats.BytesOut)
+			if dst.Weight == 0 {
+				continue // draining: not an endpoint any more
+			}
+			live[name.Service]++
+			idx := slices.IndexFunc(p.Endpoints, func(x dataplane.DumpEndpoint) bool { return x.Addr == a })
+			if idx < 0 {
+				p.Endpoints = append(p.Endpoints, dataplane.DumpEndpoint{Addr: a, Local: slices.Contains(name.Local, a)})
+				idx = len(p.Endpoints) - 1
+			}
+			p.Endpoints[idx].Packets += uint64(dst.Stats.PacketsIn) + uint64(dst.Stats.PacketsOut)
+			p.Endpoints[idx].Bytes += dst.Stats.BytesIn + dst.Stats.BytesOut
+		}
+		lines = append(lines, rawLine{v.Key.String(), t.String()})
+	}
+	for svc, p := range ports {
+		if live[svc] == 0 {
+			p.Note = "no endpoints: reject"
+		}
+		d.Ports = append(d.Ports, *p)
+	}
+	d.Sort()
+	slices.SortFunc(lines, func(x, y rawLine) int { return strings.Compare(x.key, y.key) })
+	for _, l := range lines {
+		raw.WriteString(l.text)
+	}
+	for fam, i := range b.ipt {
+		for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
+			rs, err := i.t.List(c.table, c.chain)
+			if err != nil {
+				continue
+			}
+			fmt.Fprintf(&raw, "\n# %s %s\n%s\n", fam, c.table, strings.Join(rs, "\n"))
+		}
+	}
+	d.Raw = raw.String()
+	return d, nil
+}

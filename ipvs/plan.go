@@ -1,0 +1,378 @@
+package ipvs
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+// Entry kinds, as in dataplane.DumpEntry.
+const (
+	kindClusterIP    = "cluster-ip"
+	kindNodePort     = "node-port"
+	kindExternalIP   = "external-ip"
+	kindLoadBalancer = "load-balancer"
+)
+
+// vsKey names one IPVS virtual server.
+type vsKey struct {
+	Proto portal.Protocol
+	Addr  netip.Addr
+	Port  uint16
+}
+
+func (k vsKey) String() string {
+	return fmt.Sprintf("%s %s", strings.ToUpper(k.Proto.String()), netip.AddrPortFrom(k.Addr, k.Port))
+}
+
+func (k vsKey) family() portal.Family { return portal.FamilyOf(k.Addr) }
+
+// virtualServer is the desired (or applied) state of one IPVS service.
+type virtualServer struct {
+	Key   vsKey
+	Sched string
+	// Timeout > 0 means persistent (sessionAffinity: ClientIP) for that many seconds.
+	Timeout uint32
+	// Dests maps each real server to its weight; 0 is draining.
+	Dests map[netip.AddrPort]int
+
+	// Labels, not kernel state.
+	Portal portal.PortKey
+	Kind   string
+}
+
+// sameService reports whether the service attributes (not the destinations) match.
+func (v *virtualServer) sameService(w *virtualServer) bool {
+	return v.Sched == w.Sched && v.Timeout == w.Timeout
+}
+
+// rule is one iptables rule in a chain onehop owns. Spec is written in the
+// canonical form `iptables -S` prints it, so that a full sync can compare
+// the kernel's listing with the plan.
+type rule struct {
+	Family portal.Family
+	Table  string
+	Chain  string
+	Spec   []string
+}
+
+func (r rule) key() string {
+	return fmt.Sprintf("%s %s %s %s", r.Family, r.Table, r.Chain, strings.Join(r.Spec, " "))
+}
+
+// Chains onehop owns. Everything it creates starts with chainPrefix.
+const (
+	chainPrefix      = "ONEHOP-"
+	chainPostrouting = "ONEHOP-IPVS-POSTROUTING" // nat: decides masquerade for IPVS traffic
+	chainMasqExt     = "ONEHOP-IPVS-MASQ-EXT"    // nat: external entries that masquerade when nothing else does
+	chainKeepSource  = "ONEHOP-IPVS-KEEP-SOURCE" // nat: Local-policy external entries keep the client address
+	chainHairpin     = "ONEHOP-IPVS-HAIRPIN"     // nat: an endpoint reaching itself through a Service
+	chainInput       = "ONEHOP-IPVS-INPUT"       // filter: source ranges
+	srChainPrefix    = "ONEHOP-SR-"              // filter: one per entry with source ranges
+	jumpComment      = "onehop-ipvs"
+)
+
+// plan is the whole desired state, computed from a snapshot without
+// touching the kernel.
+type plan struct {
+	Servers map[vsKey]*virtualServer
+	VIPs    map[netip.Addr]bool
+	// Rules are the order-independent rules of the per-entry chains
+	// (MASQ-EXT, KEEP-SOURCE, HAIRPIN, INPUT and the SR chains), by key.
+	Rules map[string]rule
+	// SRChains are the per-entry source-range chains with their ordered rules.
+	SRChains map[string]srChain
+	// Local endpoints per portal, for Dump's local flag.
+	Local map[string][]string
+	// Conflicts are entries another Service's portal already claimed.
+	Conflicts []string
+}
+
+type srChain struct {
+	Family portal.Family
+	Rules  [][]string
+}
+
+// planInput is what plan needs besides the snapshot.
+type planInput struct {
+	Cfg       dataplane.Config
+	Sched     string
+	NodeAddrs []netip.Addr // NodePort addresses, both families
+}
+
+func newPlan() *plan {
+	return &plan{Servers: map[vsKey]*virtualServer{}, VIPs: map[netip.Addr]bool{}, Rules: map[string]rule{},
+		SRChains: map[string]srChain{}, Local: map[string][]string{}}
+}
+
+// buildPlan computes the desired IPVS services, VIPs and iptables rules.
+func buildPlan(in planInput, services map[portal.ServiceKey]*portal.Service) *plan {
+	pl := newPlan()
+	keys := make([]portal.ServiceKey, 0, len(services))
+	for k := range services {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b portal.ServiceKey) int { return strings.Compare(a.String(), b.String()) })
+	for _, k := range keys {
+		for _, p := range services[k].Portals {
+			pl.addPortal(in, p)
+		}
+	}
+	return pl
+}
+
+func (pl *plan) addPortal(in planInput, p *portal.Portal) {
+	fam := p.Key.Family
+	mark := in.Cfg.MasqueradeMark()
+	internal := p.ClusterEndpoints
+	if p.InternalLocal {
+		internal = p.LocalEndpoints
+	}
+	external := p.ClusterEndpoints
+	if p.ExternalLocal {
+		external = p.LocalEndpoints
+	}
+	var timeout uint32
+	if p.Affinity.TimeoutSeconds > 0 {
+		timeout = p.Affinity.TimeoutSeconds
+	}
+	local := make([]string, 0, len(p.LocalEndpoints))
+	for _, e := range p.LocalEndpoints {
+		local = append(local, e.String())
+	}
+	pl.Local[p.Key.String()] = local
+
+	add := func(addr netip.Addr, port uint16, kind string, eps []netip.AddrPort) bool {
+		if portal.FamilyOf(addr) != fam || !addr.IsValid() {
+			return false
+		}
+		addr = addr.Unmap()
+		k := vsKey{Proto: p.Key.Protocol, Addr: addr, Port: port}
+		if old, ok := pl.Servers[k]; ok {
+			pl.Conflicts = append(pl.Conflicts, fmt.Sprintf("%s %s: already used by %s", p.Key, k, old.Portal))
+			return false
+		}
+		d := make(map[netip.AddrPort]int, len(eps))
+		for _, e := range eps {
+			d[netip.AddrPortFrom(e.Addr().Unmap(), e.Port())] = 1
+		}
+		pl.Servers[k] = &virtualServer{Key: k, Sched: in.Sched, Timeout: timeout, Dests: d, Portal: p.Key, Kind: kind}
+		return true
+	}
+	type ext struct {
+		addr netip.Addr
+		port uint16
+		kind string
+	}
+	var exts []ext
+	for _, ip := range p.ClusterIPs {
+		if add(ip, p.Port, kindClusterIP, internal) {
+			pl.VIPs[ip.Unmap()] = true
+		}
+	}
+	for _, ip := range p.ExternalIPs {
+		if add(ip, p.Port, kindExternalIP, external) {
+			pl.VIPs[ip.Unmap()] = true
+			exts = append(exts, ext{ip.Unmap(), p.Port, kindExternalIP})
+		}
+	}
+	for _, ip := range p.LoadBalancerIPs {
+		if add(ip, p.Port, kindLoadBalancer, external) {
+			pl.VIPs[ip.Unmap()] = true
+			exts = append(exts, ext{ip.Unmap(), p.Port, kindLoadBalancer})
+		}
+	}
+	if p.NodePort != 0 {
+		for _, ip := range in.NodeAddrs {
+			if add(ip, p.NodePort, kindNodePort, external) {
+				exts = append(exts, ext{ip.Unmap(), p.NodePort, kindNodePort})
+			}
+		}
+	}
+
+	comment := []string{"-m", "comment", "--comment", p.Key.String()}
+	for _, e := range exts {
+		match := ipvsMatch(p.Key.Protocol, e.addr, e.port)
+		switch {
+		case p.ExternalLocal:
+			// Local policy: the endpoint must see the client's address.
+			pl.addRule(rule{fam, "nat", chainKeepSource, concat(match, comment, markClear(mark))})
+		case len(in.Cfg.ClusterCIDRs) == 0 && !in.Cfg.MasqueradeAll:
+			// Nothing masquerades by default: external traffic under the
+			// Cluster policy must, or replies from other nodes bypass us.
+			pl.addRule(rule{fam, "nat", chainMasqExt, concat(match, comment, markSet(mark))})
+		}
+		if len(p.SourceRanges) > 0 && (e.kind == kindLoadBalancer || (e.kind == kindNodePort && in.Cfg.SourceRangesOnNodePorts)) {
+			var rules [][]string
+			for _, r := range p.SourceRanges {
+				rules = append(rules, []string{"-s", r.Masked().String(), "-j", "RETURN"})
+			}
+			rules = append(rules, []string{"-j", "DROP"})
+			name := srChainName(fam, e.addr, e.port, p.Key.Protocol, rules)
+			pl.SRChains[name] = srChain{Family: fam, Rules: rules}
+			pl.addRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, []string{"-j", name})})
+		}
+	}
+	// Hairpin: an endpoint on this node reaching itself through the Service
+	// must see the node as source, or it would answer itself directly.
+	for _, e := range p.LocalEndpoints {
+		a := e.Addr().Unmap()
+		if portal.FamilyOf(a) != fam {
+			continue
+		}
+		pfx := netip.PrefixFrom(a, a.BitLen()).String()
+		pl.addRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}})
+	}
+}
+
+func (pl *plan) addRule(r rule) { pl.Rules[r.key()] = r }
+
+// ipvsMatch matches packets IPVS scheduled through virtual server addr:port,
+// as `iptables -S` prints it.
+func ipvsMatch(proto portal.Protocol, addr netip.Addr, port uint16) []string {
+	return []string{"-m", "ipvs", "--vproto", fmt.Sprint(uint8(proto)), "--vaddr", addr.String(), "--vport", fmt.Sprint(port), "--vdir", "ORIGINAL"}
+}
+
+// destMatch matches packets to addr:port before IPVS sees them.
+func destMatch(proto portal.Protocol, addr netip.Addr, port uint16) []string {
+	p := proto.String()
+	return []string{"-d", netip.PrefixFrom(addr, addr.BitLen()).String(), "-p", p, "-m", p, "--dport", fmt.Sprint(port)}
+}
+
+func markSet(mark uint32) []string   { return []string{"-j", "MARK", "--set-xmark", hexMark(mark, mark)} }
+func markClear(mark uint32) []string { return []string{"-j", "MARK", "--set-xmark", hexMark(0, mark)} }
+func hexMark(v, m uint32) string     { return fmt.Sprintf("%#x/%#x", v, m) }
+
+func concat(parts ...[]string) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func srChainName(fam portal.Family, addr netip.Addr, port uint16, proto portal.Protocol, rules [][]string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s %d %d", fam, addr, port, proto)
+	for _, r := range rules {
+		fmt.Fprintf(h, " %s", strings.Join(r, " "))
+	}
+	return srChainPrefix + strings.ToUpper(hex.EncodeToString(h.Sum(nil))[:16])
+}
+
+// postroutingRules is the fixed, ordered content of ONEHOP-IPVS-POSTROUTING:
+// the mark bit is set when the packet should be masqueraded, cleared when it
+// must keep its source, and the last rules masquerade what is still marked.
+func postroutingRules(cfg dataplane.Config, fam portal.Family, randomFully bool) [][]string {
+	mark := cfg.MasqueradeMark()
+	rs := [][]string{{"-m", "ipvs", "!", "--ipvs", "-j", "RETURN"}}
+	if cfg.MasqueradeAll || len(cfg.ClusterCIDRs) > 0 {
+		rs = append(rs, markSet(mark))
+	}
+	if !cfg.MasqueradeAll {
+		for _, c := range cfg.ClusterCIDRs {
+			if c.Addr().Is4() == (fam == portal.IPv4) {
+				rs = append(rs, concat([]string{"-s", c.Masked().String()}, markClear(mark)))
+			}
+		}
+	}
+	rs = append(rs,
+		[]string{"-j", chainMasqExt},
+		[]string{"-j", chainKeepSource},
+		[]string{"-j", chainHairpin},
+		[]string{"-m", "mark", "!", "--mark", hexMark(mark, mark), "-j", "RETURN"},
+		markClear(mark))
+	masq := []string{"-j", "MASQUERADE"}
+	if randomFully {
+		masq = append(masq, "--random-fully")
+	}
+	return append(rs, masq)
+}
+
+// render writes the plan for people and golden files: ipvsadm-like virtual
+// servers, then the iptables rules per chain.
+func (pl *plan) render(cfg dataplane.Config, randomFully bool) string {
+	var b strings.Builder
+	b.WriteString(renderServers(pl.Servers, false))
+	for _, fam := range []portal.Family{portal.IPv4, portal.IPv6} {
+		fmt.Fprintf(&b, "\n# %s nat %s\n", fam, chainPostrouting)
+		for _, r := range postroutingRules(cfg, fam, randomFully) {
+			fmt.Fprintf(&b, "-A %s %s\n", chainPostrouting, strings.Join(r, " "))
+		}
+		for _, line := range pl.ruleLines(fam) {
+			b.WriteString(line)
+		}
+	}
+	var vips []string
+	for a := range pl.VIPs {
+		vips = append(vips, a.String())
+	}
+	slices.Sort(vips)
+	fmt.Fprintf(&b, "\n# addresses on %s\n%s\n", DummyInterface, strings.Join(vips, "\n"))
+	for _, c := range pl.Conflicts {
+		fmt.Fprintf(&b, "# conflict: %s\n", c)
+	}
+	return b.String()
+}
+
+func (pl *plan) ruleLines(fam portal.Family) []string {
+	var lines []string
+	for _, r := range pl.Rules {
+		if r.Family == fam {
+			lines = append(lines, fmt.Sprintf("%s -A %s %s\n", r.Table, r.Chain, strings.Join(r.Spec, " ")))
+		}
+	}
+	slices.Sort(lines)
+	var names []string
+	for name, c := range pl.SRChains {
+		if c.Family == fam {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		for _, r := range pl.SRChains[name].Rules {
+			lines = append(lines, fmt.Sprintf("filter -A %s %s\n", name, strings.Join(r, " ")))
+		}
+	}
+	return lines
+}
+
+// renderServers writes virtual servers like `ipvsadm -Ln`, sorted; with
+// labels, each line names the Service port it belongs to.
+func renderServers(servers map[vsKey]*virtualServer, withCounters bool) string {
+	vs := make([]*virtualServer, 0, len(servers))
+	for _, v := range servers {
+		vs = append(vs, v)
+	}
+	slices.SortFunc(vs, func(a, b *virtualServer) int {
+		return cmp.Or(cmp.Compare(a.Key.Proto, b.Key.Proto), a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Port, b.Key.Port))
+	})
+	var b strings.Builder
+	for _, v := range vs {
+		fmt.Fprintf(&b, "%s %s", v.Key, v.Sched)
+		if v.Timeout > 0 {
+			fmt.Fprintf(&b, " persistent %d", v.Timeout)
+		}
+		if v.Portal.Service.Name != "" {
+			fmt.Fprintf(&b, "  # %s %s", v.Portal, v.Kind)
+		}
+		b.WriteString("\n")
+		ds := make([]netip.AddrPort, 0, len(v.Dests))
+		for d := range v.Dests {
+			ds = append(ds, d)
+		}
+		slices.SortFunc(ds, netip.AddrPort.Compare)
+		for _, d := range ds {
+			fmt.Fprintf(&b, "  -> %s Masq %d\n", d, v.Dests[d])
+		}
+	}
+	return b.String()
+}

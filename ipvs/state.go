@@ -1,0 +1,55 @@
+package ipvs
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// stateEntry labels one virtual server. IPVS keeps no names, so the backend
+// records, next to the kernel state it owns, which Service port each virtual
+// server belongs to. Dump uses it for the Service names, Cleanup and full
+// syncs to recognise NodePort virtual servers (on node addresses, which are
+// not on the dummy interface) as onehop's.
+type stateEntry struct {
+	Service string   `json:"service"`
+	Kind    string   `json:"kind"`
+	Local   []string `json:"local,omitempty"` // the port's local endpoints
+}
+
+func readState(path string) map[string]stateEntry {
+	m := map[string]stateEntry{}
+	b, err := os.ReadFile(path)
+	if err == nil {
+		_ = json.Unmarshal(b, &m)
+	}
+	return m
+}
+
+// writeState records the labels of pl's servers; it rewrites the file only
+// when they changed, atomically.
+func writeState(path string, pl *plan) error {
+	m := make(map[string]stateEntry, len(pl.Servers))
+	for k, v := range pl.Servers {
+		m[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: pl.Local[v.Portal.String()]}
+	}
+	b, err := json.MarshalIndent(m, "", " ")
+	if err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("ipvs: state file: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("ipvs: state file: %w", err)
+	}
+	return os.Rename(tmp, path)
+}
+
+func removeState(path string) { _ = os.Remove(path) }

@@ -1,0 +1,352 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/portal"
+)
+
+const vip = "10.96.0.10"
+
+func web(eps ...int) *portal.Service {
+	return svc("web", func(p *portal.Portal) {
+		p.ClusterIPs = addrs(vip)
+		for _, i := range eps {
+			p.ClusterEndpoints = append(p.ClusterEndpoints, podEP(i))
+		}
+	})
+}
+
+// TestClusterIP: round robin over both pods, masquerade for clients outside
+// the cluster network, the pod's own address kept for pods, UDP too, and a
+// second full sync that finds nothing to change.
+func TestClusterIP(t *testing.T) {
+	n := newTestNet(t, 3)
+	b := n.backend(testCfg)
+	s := web(1, 2)
+	udp := &portal.Portal{Key: portal.PortKey{Service: s.Key, Port: "dns", Protocol: portal.UDP, Family: portal.IPv4},
+		Port: 53, ClusterIPs: addrs(vip), ClusterEndpoints: []netip.AddrPort{podUDP(1)}}
+	s.Portals = append(s.Portals, udp)
+	st := b.sync(true, s)
+	t.Logf("first sync: %+v", st)
+
+	seen := map[string]int{}
+	for range 4 {
+		pod, src := n.get(t, n.client, vip+":80")
+		seen[pod]++
+		if src == clientIP {
+			t.Errorf("client outside the cluster network reached %s unmasqueraded (source %s)", pod, src)
+		}
+	}
+	if seen["pod-1"] != 2 || seen["pod-2"] != 2 {
+		t.Errorf("rr over 2 pods, 4 connections: %v", seen)
+	}
+	pod, src := n.get(t, n.pods[2], vip+":80")
+	if src != podIP(3) {
+		t.Errorf("pod 3 -> %s: source %s, want its own %s (no masquerade inside the cluster network)", pod, src, podIP(3))
+	}
+	if pod, _, err := n.udp(n.client, vip+":53"); err != nil || pod != "pod-1" {
+		t.Errorf("udp: %q %v", pod, err)
+	}
+
+	// The kernel holds what the plan says, in the canonical form a full
+	// sync compares with: nothing to change.
+	if st := b.sync(true, s); st.Changed != 0 || st.Messages != 0 {
+		t.Errorf("second full sync changed %d portals with %d messages; want none", st.Changed, st.Messages)
+	}
+	if st := b.sync(false, s); st.Messages != 0 {
+		t.Errorf("incremental no-op sync sent %d messages", st.Messages)
+	}
+	if err := b.do(func(b *Backend) error { return b.Check(context.Background()) }); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	d := b.dump()
+	var raw strings.Builder
+	_ = d.WriteTable(&raw)
+	t.Logf("dump:\n%s\n%s", raw.String(), d.Raw)
+	if len(d.Ports) != 2 || d.Ports[0].Service != "test/web:dns/udp/ipv4" || len(d.Ports[1].Endpoints) != 2 {
+		t.Errorf("dump ports: %+v", d.Ports)
+	}
+	if d.Ports[1].Packets == 0 {
+		t.Errorf("no packets counted for %s", d.Ports[1].Service)
+	}
+}
+
+// TestNodePort: a NodePort on the node's address reaches the pods,
+// masqueraded (Cluster policy).
+func TestNodePort(t *testing.T) {
+	n := newTestNet(t, 2)
+	b := n.backend(testCfg)
+	s := web(1, 2)
+	s.Portals[0].NodePort = 30080
+	b.sync(true, s)
+	seen := map[string]bool{}
+	for range 4 {
+		pod, src := n.get(t, n.client, nodeIP+":30080")
+		seen[pod] = true
+		if src == clientIP {
+			t.Errorf("NodePort under the Cluster policy kept the client address")
+		}
+	}
+	if len(seen) != 2 {
+		t.Errorf("NodePort reached %v, want both pods", seen)
+	}
+}
+
+// TestSchedulers: every scheduler is accepted by the kernel, shows in the
+// dump and carries traffic; sh keeps one client on one pod.
+func TestSchedulers(t *testing.T) {
+	n := newTestNet(t, 2)
+	for _, sched := range []string{"rr", "wrr", "lc", "wlc", "sh", "mh"} {
+		b := n.backend(testCfg, WithScheduler(sched))
+		b.sync(true, web(1, 2))
+		if d := b.dump(); !strings.Contains(d.Raw, "TCP "+vip+":80 "+sched+" ") {
+			t.Errorf("%s: kernel has\n%s", sched, d.Raw)
+		}
+		seen := map[string]int{}
+		for range 4 {
+			pod, _ := n.get(t, n.client, vip+":80")
+			seen[pod]++
+		}
+		t.Logf("%s: %v", sched, seen)
+		switch sched {
+		case "rr", "wrr":
+			if len(seen) != 2 {
+				t.Errorf("%s: want both pods, got %v", sched, seen)
+			}
+		case "sh", "mh":
+			if len(seen) != 1 {
+				t.Errorf("%s: one client must stay on one pod, got %v", sched, seen)
+			}
+		}
+		if err := b.do(func(b *Backend) error { return b.Cleanup(context.Background()) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAffinity: ClientIP affinity is IPVS persistence with the timeout.
+func TestAffinity(t *testing.T) {
+	n := newTestNet(t, 2)
+	b := n.backend(testCfg)
+	s := web(1, 2)
+	s.Portals[0].Affinity.TimeoutSeconds = 60
+	b.sync(true, s)
+	seen := map[string]int{}
+	for range 5 {
+		pod, _ := n.get(t, n.client, vip+":80")
+		seen[pod]++
+	}
+	if len(seen) != 1 {
+		t.Errorf("affinity: one client reached %v", seen)
+	}
+	if d := b.dump(); !strings.Contains(d.Raw, "persistent 60") {
+		t.Errorf("no persistence in\n%s", d.Raw)
+	}
+}
+
+// TestLocalPolicy: externalTrafficPolicy Local sends NodePort traffic to
+// the local endpoint only and keeps the client's address; the cluster IP of
+// the same port still uses every endpoint.
+func TestLocalPolicy(t *testing.T) {
+	n := newTestNet(t, 2)
+	b := n.backend(testCfg)
+	s := web(1, 2)
+	p := s.Portals[0]
+	p.NodePort, p.ExternalLocal = 30081, true
+	p.LocalEndpoints = []netip.AddrPort{podEP(2)}
+	b.sync(true, s)
+	for range 3 {
+		pod, src := n.get(t, n.client, nodeIP+":30081")
+		if pod != "pod-2" || src != clientIP {
+			t.Errorf("Local NodePort: reached %s seeing source %s; want pod-2 seeing %s", pod, src, clientIP)
+		}
+	}
+	seen := map[string]bool{}
+	for range 4 {
+		pod, _ := n.get(t, n.client, vip+":80")
+		seen[pod] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("cluster IP under Local external policy reached %v, want both", seen)
+	}
+}
+
+// TestEndpointChange: removing an endpoint keeps its established
+// connection working (weight 0), sends new connections elsewhere, and the
+// destination is deleted once drained (bounded by the drain timeout).
+func TestEndpointChange(t *testing.T) {
+	n := newTestNet(t, 2)
+	b := n.backend(testCfg, WithDrainTimeout(2*time.Second))
+	b.sync(true, web(1, 2))
+	var old *conn
+	var others []*conn
+	for range 4 {
+		c, err := n.dial(n.client, vip+":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Pod == "pod-1" && old == nil {
+			old = c
+		} else {
+			others = append(others, c)
+		}
+	}
+	for _, c := range others {
+		c.Close()
+	}
+	if old == nil {
+		t.Fatal("no connection reached pod-1")
+	}
+	defer old.Close()
+
+	b.sync(false, web(2))
+	if err := old.echo("still-there"); err != nil {
+		t.Errorf("established connection to the removed endpoint broke: %v", err)
+	}
+	for range 3 {
+		if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-2" {
+			t.Errorf("new connection went to removed %s", pod)
+		}
+	}
+	if dr := b.b.Draining(); len(dr) != 1 || !strings.Contains(dr[0], podIP(1)) {
+		t.Errorf("draining: %v", dr)
+	}
+	if d := b.dump(); !strings.Contains(d.Raw, podIP(1)+":8080 Masq 0 active=1") {
+		t.Errorf("removed endpoint not at weight 0 with its connection:\n%s", d.Raw)
+	}
+	// Back again before it drained: weight 1, not draining.
+	b.sync(false, web(1, 2))
+	if dr := b.b.Draining(); len(dr) != 0 {
+		t.Errorf("re-added endpoint still draining: %v", dr)
+	}
+	b.sync(false, web(2))
+	old.Close()
+	time.Sleep(2500 * time.Millisecond)
+	if err := b.do(func(b *Backend) error { return b.Check(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+	if dr := b.b.Draining(); len(dr) != 0 {
+		t.Errorf("still draining after the timeout: %v", dr)
+	}
+	if d := b.dump(); strings.Contains(d.Raw, podIP(1)) {
+		t.Errorf("drained endpoint still in the kernel:\n%s", d.Raw)
+	}
+}
+
+// TestRejectNoEndpoints: a Service port without endpoints refuses
+// connections at once (ICMP port unreachable), for TCP and UDP.
+func TestRejectNoEndpoints(t *testing.T) {
+	n := newTestNet(t, 1)
+	b := n.backend(testCfg)
+	s := web()
+	s.Portals = append(s.Portals, &portal.Portal{Key: portal.PortKey{Service: s.Key, Port: "dns", Protocol: portal.UDP, Family: portal.IPv4},
+		Port: 53, ClusterIPs: addrs(vip)})
+	b.sync(true, s)
+	start := time.Now()
+	_, err := n.dial(n.client, vip+":80")
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("TCP without endpoints: %v, want connection refused", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("reject took %v", el)
+	}
+	if _, _, err := n.udp(n.client, vip+":53"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("UDP without endpoints: %v, want connection refused", err)
+	}
+	d := b.dump()
+	if len(d.Ports) != 2 || d.Ports[0].Note != "no endpoints: reject" {
+		t.Errorf("dump: %+v", d.Ports)
+	}
+	b.sync(false, web(1))
+	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
+		t.Errorf("after adding an endpoint: %s", pod)
+	}
+}
+
+// TestSourceRanges: loadBalancerSourceRanges let the client in or drop it.
+func TestSourceRanges(t *testing.T) {
+	n := newTestNet(t, 1)
+	b := n.backend(testCfg)
+	lb := func(ranges ...string) *portal.Service {
+		s := web(1)
+		s.Portals[0].LoadBalancerIPs = addrs("203.0.113.10")
+		for _, r := range ranges {
+			s.Portals[0].SourceRanges = append(s.Portals[0].SourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	b.sync(true, lb("192.168.50.0/24", "10.0.0.0/8"))
+	if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
+		t.Errorf("allowed client reached %s", pod)
+	}
+	b.sync(false, lb("10.0.0.0/8"))
+	if _, err := n.dial(n.client, "203.0.113.10:80"); err == nil {
+		t.Errorf("client outside the source ranges got through")
+	}
+	if pod, _ := n.get(t, n.pods[0], vip+":80"); pod != "pod-1" {
+		t.Errorf("cluster IP of the same port: %s", pod)
+	}
+	b.sync(false, lb())
+	if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
+		t.Errorf("without source ranges: %s", pod)
+	}
+}
+
+// TestCheckCleanup: Check notices a deleted dummy interface and a deleted
+// jump; a full sync repairs them; Cleanup removes onehop's state and
+// leaves an IPVS service someone else made.
+func TestCheckCleanup(t *testing.T) {
+	n := newTestNet(t, 1)
+	b := n.backend(testCfg)
+	s := web(1)
+	s.Portals[0].NodePort = 30082
+	b.sync(true, s)
+	check := func() error { return b.do(func(b *Backend) error { return b.Check(context.Background()) }) }
+	run := func(args ...string) string {
+		out, err := exec.Command("ip", append([]string{"netns", "exec", n.node}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	run("ip", "link", "del", DummyInterface)
+	if err := check(); err == nil {
+		t.Error("Check missed the deleted dummy interface")
+	}
+	b.sync(true, s)
+	if err := check(); err != nil {
+		t.Errorf("after repair: %v", err)
+	}
+	run("iptables", "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment", jumpComment, "-j", chainPostrouting)
+	if err := check(); err == nil {
+		t.Error("Check missed the deleted jump")
+	}
+	b.sync(true, s)
+	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
+		t.Errorf("after repair: %s", pod)
+	}
+	run("ipvsadm", "-A", "-t", "192.0.2.1:80", "-s", "rr")
+	if err := b.do(func(b *Backend) error { return b.Cleanup(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+	left := run("ipvsadm", "-Ln")
+	if !strings.Contains(left, "192.0.2.1:80") || strings.Contains(left, vip) || strings.Contains(left, ":30082") {
+		t.Errorf("after Cleanup:\n%s", left)
+	}
+	if out, _ := exec.Command("ip", "-n", n.node, "link", "show", DummyInterface).CombinedOutput(); !strings.Contains(string(out), "does not exist") {
+		t.Errorf("dummy interface left: %s", out)
+	}
+	for _, table := range []string{"nat", "filter"} {
+		if rules := run("iptables", "-t", table, "-S"); strings.Contains(rules, "ONEHOP") {
+			t.Errorf("%s table after Cleanup:\n%s", table, rules)
+		}
+	}
+}
