@@ -64,6 +64,20 @@ type Backend struct {
 	drains   map[drainKey]time.Time // destinations at weight 0, since when
 	synced   bool
 	needFull bool
+	// v6 turns on the IPv6 chains once an IPv6 Service shows up, so that
+	// IPv4-only clusters pay for one family of iptables commands.
+	v6 bool
+}
+
+// activeIPT returns the iptables of the families in use.
+func (b *Backend) activeIPT() map[portal.Family]*iptables {
+	m := map[portal.Family]*iptables{}
+	for fam, t := range b.ipt {
+		if fam == portal.IPv4 || b.v6 {
+			m[fam] = t
+		}
+	}
+	return m
 }
 
 type drainKey struct {
@@ -155,13 +169,31 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 			return st, fmt.Errorf("ipvs: %s needs ip6tables, which is missing", want.Servers[k].Portal)
 		}
 	}
+	for k := range want.Servers {
+		if k.family() == portal.IPv6 {
+			b.v6 = true
+			break
+		}
+	}
 	have := b.applied
+	batches := map[portal.Family]batch{}
 	if full {
 		if err := b.setup(); err != nil {
 			return st, err
 		}
 		if have, err = b.readKernel(); err != nil {
 			return st, err
+		}
+		for fam, t := range b.activeIPT() {
+			tables, err := t.tablesNow()
+			if err != nil {
+				return st, err
+			}
+			st.Messages += 2
+			bt := batch{}
+			t.ensureBase(b.cfg, fam, tables, bt)
+			readRules(fam, have, tables)
+			batches[fam] = bt
 		}
 	}
 	changed := map[portal.PortKey]bool{}
@@ -175,7 +207,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return st, err
 	}
-	msgs, err = b.applyRules(have, want, full)
+	msgs, err = b.applyRules(have, want, batches)
 	st.Messages += msgs
 	if err != nil {
 		return st, err
@@ -231,21 +263,14 @@ func (b *Backend) nodePortAddrs(n portal.Node) ([]netip.Addr, error) {
 	return slices.Compact(out), nil
 }
 
-// setup creates the dummy interface, the chains and jumps, and sets the
-// sysctls (see doc.go for why each).
+// setup sets the sysctls (see doc.go for why each) and creates the dummy
+// interface.
 func (b *Backend) setup() error {
 	if err := setSysctls(); err != nil {
 		return err
 	}
-	if _, err := b.ensureDummy(); err != nil {
-		return err
-	}
-	for fam, t := range b.ipt {
-		if err := t.ensureBase(b.cfg, fam); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := b.ensureDummy()
+	return err
 }
 
 func (b *Backend) ensureDummy() (netlink.Link, error) {
@@ -273,8 +298,8 @@ func (b *Backend) ensureDummy() (netlink.Link, error) {
 }
 
 // readKernel reads the state onehop owns from the kernel: the IPVS services
-// (those on its VIPs or NodePorts it recorded), the dummy's addresses and
-// the per-entry iptables rules.
+// (those on its VIPs or NodePorts it recorded) and the dummy's addresses;
+// Sync adds the iptables rules (readRules).
 func (b *Backend) readKernel() (*plan, error) {
 	pl := newPlan()
 	vips, err := b.dummyAddrs()
@@ -301,11 +326,6 @@ func (b *Backend) readKernel() (*plan, error) {
 			continue // not onehop's
 		}
 		pl.Servers[v.Key] = v
-	}
-	for fam, t := range b.ipt {
-		if err := t.readRules(fam, pl); err != nil {
-			return nil, err
-		}
 	}
 	return pl, nil
 }
@@ -592,7 +612,7 @@ func (b *Backend) Check(ctx context.Context) error {
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		return fmt.Errorf("ipvs: %s is down", DummyInterface)
 	}
-	for fam, t := range b.ipt {
+	for fam, t := range b.activeIPT() {
 		if err := t.checkBase(fam); err != nil {
 			return err
 		}

@@ -1,2 +1,122 @@
-// Package ipvs is onehop's IPVS dataplane.
+// Package ipvs is onehop's IPVS dataplane: the same Portals as the nftables
+// backend, programmed as IPVS virtual servers (github.com/moby/ipvs over
+// generic netlink) plus the few iptables rules IPVS cannot express
+// (github.com/coreos/go-iptables).
+//
+// # What it programs
+//
+//   - One virtual server per way into a Service port: each cluster IP,
+//     external IP and load-balancer IP at the Service port, and each NodePort
+//     address (portal.Node.NodePortAddrs, or every global unicast address of
+//     the node) at the NodePort. Destinations are the endpoints in
+//     masquerade (NAT) forwarding, weight 1. Cluster IPs use
+//     ClusterEndpoints, or LocalEndpoints under internalTrafficPolicy Local;
+//     external entries use LocalEndpoints under externalTrafficPolicy Local.
+//     The scheduler is the backend's (WithScheduler, default rr);
+//     sessionAffinity ClientIP is IPVS persistence with the affinity timeout.
+//   - Every cluster, external and load-balancer IP as a /32 (/128) on the
+//     dummy interface onehop-ipvs0, so the kernel delivers their packets
+//     locally, where IPVS takes them.
+//   - iptables, only in chains named ONEHOP-IPVS-* and ONEHOP-SR-*, plus one
+//     jump each from nat POSTROUTING and filter INPUT:
+//     ONEHOP-IPVS-POSTROUTING decides masquerade for packets IPVS scheduled
+//     (xt_ipvs match) with the masquerade mark bit: set by default when
+//     ClusterCIDRs are known (or MasqueradeAll), cleared for sources inside the
+//     cluster networks, set for Cluster-policy external entries when no
+//     cluster CIDR is known (ONEHOP-IPVS-MASQ-EXT), cleared for Local-policy
+//     external entries so the endpoint sees the client (ONEHOP-IPVS-KEEP-SOURCE),
+//     set for an endpoint reaching itself (ONEHOP-IPVS-HAIRPIN); then what is
+//     marked is masqueraded. ONEHOP-IPVS-INPUT sends load-balancer (and,
+//     with SourceRangesOnNodePorts, NodePort) traffic of Services with
+//     loadBalancerSourceRanges to a per-entry ONEHOP-SR-<hash> chain that
+//     returns for allowed sources and drops the rest. Filter INPUT runs
+//     before IPVS's LOCAL_IN hook, so dropped packets never reach IPVS.
+//   - No rule for "no endpoints": a virtual server without a usable
+//     destination makes IPVS answer ICMP port unreachable itself, which is
+//     the same reject the nft backend sends (TCP clients get ECONNREFUSED).
+//     Such Services keep their virtual server, so Dump shows them with the
+//     note "no endpoints: reject".
+//
+// # Syncing
+//
+// Sync computes the whole desired plan in memory (plan.go; pure, and
+// rendered into testdata/*.golden) and sends only differences: against the
+// plan it applied last (incremental) or against what it reads back from the
+// kernel (full: IPVS services and destinations, the dummy's addresses and
+// `iptables -S` of onehop's chains, compared in iptables' canonical form).
+// It never flushes and reloads. IPVS has no transactions, so a failed sync
+// can leave part of a change applied; the next sync is then full and
+// converges.
+//
+// Graceful termination: a TCP or SCTP destination that leaves the endpoints
+// gets weight 0 (no new connections, established ones keep working) and is
+// deleted once IPVS counts no connection for it, or after the drain timeout
+// (WithDrainTimeout, default 2 minutes). Check and Sync reap. UDP
+// destinations are deleted at once (flows have no end; expire_nodest_conn
+// moves them on their next packet). A destination that comes back while
+// draining returns to weight 1.
+//
+// IPVS keeps no names, so the backend records which Service port each
+// virtual server belongs to in a small state file (WithStateFile, default
+// /run/onehop/ipvs-services.json, rewritten only when it changes). Dump and
+// Cleanup read it; every count, weight and address still comes from the
+// kernel.
+//
+// # Sysctls, and why
+//
+// The first full sync sets, in the backend's network namespace:
+//
+//   - net.ipv4.vs.conntrack=1: IPVS then keeps conntrack entries for its
+//     connections. Without them the nat POSTROUTING MASQUERADE never sees
+//     IPVS traffic, and replies from endpoints on other nodes, sent straight
+//     to a client outside the cluster network, are dropped by the client.
+//   - net.ipv4.vs.conn_reuse_mode=1 on kernels 5.9 and later, 0 before.
+//     With 0, a new connection that reuses the source port of an old one is
+//     sent to the old one's destination, even one at weight 0 or removed:
+//     traffic keeps going to terminated pods under port reuse (kube-proxy
+//     #93297, where kube-proxy stopped forcing 0 on fixed kernels). With 1
+//     and conntrack=1, kernels before 5.9 dropped the first SYN of such a
+//     connection, adding a one-second delay under load (kube-proxy #81775,
+//     #70747), which is why 0 is still right there.
+//   - net.ipv4.vs.expire_nodest_conn=1: when a destination is deleted, the
+//     next packet of one of its connections expires the connection at once
+//     instead of being dropped until the connection times out (minutes of
+//     hanging clients after a pod is gone).
+//   - net.ipv4.vs.expire_quiescent_template=1: a persistence (affinity)
+//     template pointing at a weight-0 destination expires, so clients with
+//     affinity to a terminating pod move to a live one.
+//   - net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 (kube-proxy's
+//     strictARP): every VIP is a local address on onehop-ipvs0, and Linux by
+//     default answers ARP for any local address on any interface. Without
+//     these, every node would claim every cluster, external and load-balancer
+//     IP on the LAN, fighting whatever really announces them (MetalLB L2,
+//     onehop's own L2 announcer, a router). arp_ignore=1 answers only for
+//     addresses of the receiving interface; arp_announce=2 uses the best
+//     local source address in ARP requests, never a VIP. IPv6 needs nothing:
+//     neighbour solicitations are answered only for addresses of the
+//     receiving interface, and the dummy is NOARP.
+//
+// # Namespaces
+//
+// Netlink sockets are opened in the network namespace of the thread calling
+// New; iptables commands and sysctls act in the namespace of the thread
+// calling Sync, Check, Dump or Cleanup. The agent runs everything in the
+// host namespace; tests run a backend in a throwaway namespace by calling
+// it from a thread locked there.
+//
+// # Differences from the nft backend
+//
+//   - One scheduler for every Service (no per-Service scheduler until the
+//     Portal carries one).
+//   - Traffic from the node itself or from pods to an external entry of a
+//     Local-policy Service goes to the local endpoints only (the same
+//     virtual server serves everyone); the nft backend can short-circuit
+//     such traffic to all endpoints.
+//   - Every VIP is a local address of the node: a process listening on
+//     0.0.0.0 answers on cluster IPs at ports that are not Service ports.
+//   - No-endpoint and Local-without-local-endpoint traffic is rejected with
+//     ICMP port unreachable by IPVS (nft drops the latter).
+//   - iptables rules are added one command each; rule counts grow with
+//     Local-policy external entries, source-range entries and local
+//     endpoints, not with Services.
 package ipvs

@@ -110,13 +110,23 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	for _, l := range lines {
 		raw.WriteString(l.text)
 	}
-	for fam, i := range b.ipt {
+	for fam, i := range b.activeIPT() {
+		tables, err := i.tablesNow()
+		if err != nil {
+			return nil, err
+		}
 		for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
-			rs, err := i.t.List(c.table, c.chain)
-			if err != nil {
-				continue
+			fmt.Fprintf(&raw, "\n# %s %s %s\n", fam, c.table, c.chain)
+			for _, r := range tables[c.table][c.chain] {
+				fmt.Fprintf(&raw, "-A %s %s\n", c.chain, strings.Join(r, " "))
 			}
-			fmt.Fprintf(&raw, "\n# %s %s\n%s\n", fam, c.table, strings.Join(rs, "\n"))
+		}
+		for _, c := range sortedKeys(tables["filter"]) {
+			if strings.HasPrefix(c, srChainPrefix) {
+				for _, r := range tables["filter"][c] {
+					fmt.Fprintf(&raw, "-A %s %s\n", c, strings.Join(r, " "))
+				}
+			}
 		}
 	}
 	d.Raw = raw.String()

@@ -52,19 +52,6 @@ func jumpSpec(to string) []string {
 	return []string{"-m", "comment", "--comment", jumpComment, "-j", to}
 }
 
-func (i *iptables) ensureChain(table, chain string) error {
-	ok, err := i.t.ChainExists(table, chain)
-	if err != nil {
-		return fmt.Errorf("ipvs: iptables -t %s -S: %w", table, err)
-	}
-	if !ok {
-		if err := i.t.NewChain(table, chain); err != nil {
-			return fmt.Errorf("ipvs: creating %s/%s: %w", table, chain, err)
-		}
-	}
-	return nil
-}
-
 // tableRules is one `iptables -S` of a whole table: the chains and their
 // rules (as specs, without -A CHAIN).
 type tableRules map[string][][]string
@@ -95,58 +82,77 @@ func (i *iptables) snapshot(table string) (tableRules, error) {
 	return tr, nil
 }
 
-// ensureBase creates onehop's chains, writes the fixed postrouting chain
-// when it differs, and adds the jumps from the built-in chains.
-func (i *iptables) ensureBase(cfg dataplane.Config, fam portal.Family) error {
+// batch collects iptables commands per table, to be applied by one
+// iptables-restore --noflush per table: one process and one atomic
+// transaction instead of a process per rule.
+type batch map[string][]string
+
+func (bt batch) add(table string, args ...string) {
+	q := make([]string, len(args))
+	for n, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\"'\\") {
+			a = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(a) + `"`
+		}
+		q[n] = a
+	}
+	bt[table] = append(bt[table], strings.Join(q, " "))
+}
+
+// commit applies the batch; it returns the number of commands run.
+func (i *iptables) commit(bt batch) (int, error) {
+	n := 0
+	for _, table := range []string{"nat", "filter"} {
+		lines := bt[table]
+		if len(lines) == 0 {
+			continue
+		}
+		n++
+		in := "*" + table + "\n" + strings.Join(lines, "\n") + "\nCOMMIT\n"
+		cmd := exec.Command(i.cmd+"-restore", "--noflush", "-w", "5")
+		cmd.Stdin = strings.NewReader(in)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return n, fmt.Errorf("ipvs: %s-restore: %w: %s\ninput:\n%s", i.cmd, err, out, in)
+		}
+	}
+	return n, nil
+}
+
+// ensureBase adds to bt what creates onehop's chains, rewrites the fixed
+// postrouting chain when it differs, and adds the jumps from the built-in
+// chains, given the tables as they are.
+func (i *iptables) ensureBase(cfg dataplane.Config, fam portal.Family, tables map[string]tableRules, bt batch) {
+	for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
+		if _, ok := tables[c.table][c.chain]; !ok {
+			bt.add(c.table, "-N", c.chain)
+		}
+	}
+	want := postroutingRules(cfg, fam, i.randomFully)
+	if have := tables["nat"][chainPostrouting]; !slices.EqualFunc(have, want, slices.Equal) {
+		// A fixed chain of a dozen rules: flush and refill in the same
+		// transaction, so no packet sees it half-written.
+		bt.add("nat", "-F", chainPostrouting)
+		for _, r := range want {
+			bt.add("nat", append([]string{"-A", chainPostrouting}, r...)...)
+		}
+	}
+	for _, j := range jumps {
+		if !slices.ContainsFunc(tables[j.table][j.from], func(r []string) bool { return slices.Equal(r, jumpSpec(j.to)) }) {
+			bt.add(j.table, append([]string{"-I", j.from, "1"}, jumpSpec(j.to)...)...)
+		}
+	}
+}
+
+// tablesNow lists nat and filter.
+func (i *iptables) tablesNow() (map[string]tableRules, error) {
 	tables := map[string]tableRules{}
 	for _, table := range []string{"nat", "filter"} {
 		tr, err := i.snapshot(table)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		tables[table] = tr
 	}
-	for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
-		if _, ok := tables[c.table][c.chain]; ok {
-			continue
-		}
-		if err := i.t.NewChain(c.table, c.chain); err != nil {
-			return fmt.Errorf("ipvs: creating %s/%s: %w", c.table, c.chain, err)
-		}
-	}
-	want := postroutingRules(cfg, fam, i.randomFully)
-	have := tables["nat"][chainPostrouting]
-	if !slices.EqualFunc(have, want, slices.Equal) {
-		// A fixed chain of a dozen rules that changes only with the
-		// configuration: rewrite it in place, rule by rule.
-		for n, r := range want {
-			if n < len(have) {
-				if !slices.Equal(have[n], r) {
-					if err := i.t.Replace("nat", chainPostrouting, n+1, r...); err != nil {
-						return fmt.Errorf("ipvs: %s: %w", chainPostrouting, err)
-					}
-				}
-				continue
-			}
-			if err := i.t.Append("nat", chainPostrouting, r...); err != nil {
-				return fmt.Errorf("ipvs: %s: %w", chainPostrouting, err)
-			}
-		}
-		for n := len(have); n > len(want); n-- {
-			if err := i.t.DeleteById("nat", chainPostrouting, n); err != nil {
-				return fmt.Errorf("ipvs: %s: %w", chainPostrouting, err)
-			}
-		}
-	}
-	for _, j := range jumps {
-		if slices.ContainsFunc(tables[j.table][j.from], func(r []string) bool { return slices.Equal(r, jumpSpec(j.to)) }) {
-			continue
-		}
-		if err := i.t.Insert(j.table, j.from, 1, jumpSpec(j.to)...); err != nil {
-			return fmt.Errorf("ipvs: jump %s/%s -> %s: %w", j.table, j.from, j.to, err)
-		}
-	}
-	return nil
+	return tables, nil
 }
 
 // checkBase reports a missing jump or chain (iptables -C fails when the
@@ -161,32 +167,8 @@ func (i *iptables) checkBase(fam portal.Family) error {
 	return nil
 }
 
-// list returns the rules of a chain as rule specs, without the -N/-A.
-func (i *iptables) list(table, chain string) ([][]string, error) {
-	lines, err := i.t.List(table, chain)
-	if err != nil {
-		return nil, fmt.Errorf("ipvs: listing %s/%s: %w", table, chain, err)
-	}
-	var out [][]string
-	for _, l := range lines {
-		f := splitRule(l)
-		if len(f) >= 2 && f[0] == "-A" && f[1] == chain {
-			out = append(out, f[2:])
-		}
-	}
-	return out, nil
-}
-
-// readRules adds the kernel's per-entry rules and SR chains to pl.
-func (i *iptables) readRules(fam portal.Family, pl *plan) error {
-	tables := map[string]tableRules{}
-	for _, table := range []string{"nat", "filter"} {
-		tr, err := i.snapshot(table)
-		if err != nil {
-			return err
-		}
-		tables[table] = tr
-	}
+// readRules adds the per-entry rules and SR chains in tables to pl.
+func readRules(fam portal.Family, pl *plan, tables map[string]tableRules) {
 	for _, c := range entryChains {
 		for _, r := range tables[c.table][c.chain] {
 			pl.addRule(rule{fam, c.table, c.chain, r})
@@ -197,16 +179,20 @@ func (i *iptables) readRules(fam portal.Family, pl *plan) error {
 			pl.SRChains[c] = srChain{Family: fam, Rules: rs}
 		}
 	}
-	return nil
 }
 
-// applyRules sends the rule differences of every family. New SR chains are
-// filled before anything jumps to them; stale ones are deleted after their
-// jumps are gone.
-func (b *Backend) applyRules(have, want *plan, full bool) (int, error) {
+// applyRules adds the rule differences of every family to its batch and
+// commits it. New SR chains are filled before anything jumps to them;
+// stale ones are deleted after their jumps are gone.
+func (b *Backend) applyRules(have, want *plan, batches map[portal.Family]batch) (int, error) {
 	msgs := 0
-	for fam, i := range b.ipt {
-		for name, c := range want.SRChains {
+	for fam, i := range b.activeIPT() {
+		bt := batches[fam]
+		if bt == nil {
+			bt = batch{}
+		}
+		for _, name := range sortedKeys(want.SRChains) {
+			c := want.SRChains[name]
 			if c.Family != fam {
 				continue
 			}
@@ -214,91 +200,85 @@ func (b *Backend) applyRules(have, want *plan, full bool) (int, error) {
 			if ok && slices.EqualFunc(old.Rules, c.Rules, slices.Equal) {
 				continue
 			}
-			msgs++
 			if ok {
-				if err := i.t.ClearChain("filter", name); err != nil {
-					return msgs, err
-				}
-			} else if err := i.ensureChain("filter", name); err != nil {
-				return msgs, err
+				bt.add("filter", "-F", name)
+			} else {
+				bt.add("filter", "-N", name)
 			}
 			for _, r := range c.Rules {
-				msgs++
-				if err := i.t.Append("filter", name, r...); err != nil {
-					return msgs, fmt.Errorf("ipvs: %s: %w", name, err)
-				}
+				bt.add("filter", append([]string{"-A", name}, r...)...)
 			}
 		}
-		for k, r := range want.Rules {
-			if r.Family != fam {
+		for _, k := range sortedKeys(want.Rules) {
+			r := want.Rules[k]
+			if _, ok := have.Rules[k]; ok || r.Family != fam {
 				continue
 			}
-			if _, ok := have.Rules[k]; ok {
-				continue
-			}
-			msgs++
-			if err := i.t.Append(r.Table, r.Chain, r.Spec...); err != nil {
-				return msgs, fmt.Errorf("ipvs: %s -A %s %s: %w", r.Table, r.Chain, strings.Join(r.Spec, " "), err)
-			}
+			bt.add(r.Table, append([]string{"-A", r.Chain}, r.Spec...)...)
 		}
-		for k, r := range have.Rules {
-			if r.Family != fam {
+		for _, k := range sortedKeys(have.Rules) {
+			r := have.Rules[k]
+			if _, ok := want.Rules[k]; ok || r.Family != fam {
 				continue
 			}
-			if _, ok := want.Rules[k]; ok {
-				continue
-			}
-			msgs++
-			if err := i.t.DeleteIfExists(r.Table, r.Chain, r.Spec...); err != nil {
-				return msgs, fmt.Errorf("ipvs: %s -D %s %s: %w", r.Table, r.Chain, strings.Join(r.Spec, " "), err)
-			}
+			bt.add(r.Table, append([]string{"-D", r.Chain}, r.Spec...)...)
 		}
-		for name, c := range have.SRChains {
-			if c.Family != fam {
+		for _, name := range sortedKeys(have.SRChains) {
+			if _, ok := want.SRChains[name]; ok || have.SRChains[name].Family != fam {
 				continue
 			}
-			if _, ok := want.SRChains[name]; ok {
-				continue
-			}
-			msgs++
-			if err := i.t.ClearAndDeleteChain("filter", name); err != nil {
-				return msgs, fmt.Errorf("ipvs: deleting %s: %w", name, err)
-			}
+			bt.add("filter", "-F", name)
+			bt.add("filter", "-X", name)
+		}
+		n, err := i.commit(bt)
+		msgs += n
+		if err != nil {
+			return msgs, err
 		}
 	}
 	return msgs, nil
 }
 
-// cleanup removes the jumps and every chain onehop's IPVS backend owns.
-func (i *iptables) cleanup() error {
-	var first error
-	keep := func(err error) {
-		if err != nil && first == nil {
-			first = err
-		}
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
 	}
+	slices.Sort(ks)
+	return ks
+}
+
+// cleanup removes the jumps and every chain onehop's IPVS backend owns, in
+// one transaction per table.
+func (i *iptables) cleanup() error {
+	tables, err := i.tablesNow()
+	if err != nil {
+		return err
+	}
+	bt := batch{}
 	for _, j := range jumps {
-		keep(i.t.DeleteIfExists(j.table, j.from, jumpSpec(j.to)...))
+		if slices.ContainsFunc(tables[j.table][j.from], func(r []string) bool { return slices.Equal(r, jumpSpec(j.to)) }) {
+			bt.add(j.table, append([]string{"-D", j.from}, jumpSpec(j.to)...)...)
+		}
 	}
 	for _, table := range []string{"nat", "filter"} {
-		chains, err := i.t.ListChains(table)
-		if err != nil {
-			keep(err)
-			continue
-		}
 		// Flush all first: chains may jump to each other.
 		var ours []string
-		for _, c := range chains {
+		for c := range tables[table] {
 			if strings.HasPrefix(c, "ONEHOP-IPVS-") || strings.HasPrefix(c, srChainPrefix) {
 				ours = append(ours, c)
-				keep(i.t.ClearChain(table, c))
 			}
 		}
+		slices.Sort(ours)
 		for _, c := range ours {
-			keep(i.t.DeleteChain(table, c))
+			bt.add(table, "-F", c)
+		}
+		for _, c := range ours {
+			bt.add(table, "-X", c)
 		}
 	}
-	return first
+	_, err = i.commit(bt)
+	return err
 }
 
 // splitRule splits an `iptables -S` line into words, honouring the double
