@@ -1,0 +1,207 @@
+package external
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/onehop/onehop/external/ipam"
+	"github.com/onehop/onehop/portal"
+)
+
+// allocator is the leader's LoadBalancer IP controller. A new one is built
+// for every leadership term: it first rebuilds the allocation state from all
+// Services' status, then allocates.
+type allocator struct {
+	cfg      *parsed
+	client   kubernetes.Interface
+	services corelisters.ServiceLister
+	rec      record.EventRecorder
+	log      *slog.Logger
+	alloc    *ipam.Allocator
+	queue    workqueue.TypedRateLimitingInterface[portal.ServiceKey]
+	// waiting are Services refused for want of addresses; a release
+	// retries them.
+	waiting map[portal.ServiceKey]bool
+}
+
+func newAllocator(cfg *parsed, client kubernetes.Interface, services corelisters.ServiceLister, rec record.EventRecorder, log *slog.Logger) (*allocator, error) {
+	a, err := ipam.New(cfg.pools)
+	if err != nil {
+		return nil, err
+	}
+	return &allocator{
+		cfg: cfg, client: client, services: services, rec: rec, log: log, alloc: a,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[portal.ServiceKey](50*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[portal.ServiceKey]{Name: "onehop-ipam"}),
+		waiting: map[portal.ServiceKey]bool{},
+	}, nil
+}
+
+// rebuild records every IP that managed Services hold in their status,
+// oldest Service first, so that a conflict (which only a bug or a manual
+// status edit can cause) is resolved in favour of the older one.
+func (a *allocator) rebuild() error {
+	svcs, err := a.services.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(svcs, olderFirst)
+	for _, svc := range svcs {
+		ips := statusIPs(svc)
+		if len(ips) == 0 || !a.cfg.managed(svc) {
+			continue
+		}
+		req, err := requestFor(svc)
+		if err != nil {
+			req = ipam.Request{Service: keyOf(svc)} // the sync reports the bad annotation
+		}
+		if err := a.alloc.Restore(req, ips); err != nil {
+			a.log.Warn("service status holds addresses that cannot be kept", "service", keyOf(svc), "ips", ips, "err", err)
+			a.rec.Eventf(svc, corev1.EventTypeWarning, reasonOf(err), "status addresses %v cannot be kept: %v; allocating again", ips, err)
+		}
+	}
+	a.log.Info("allocator state rebuilt from service status", "services", len(svcs), "ipsInUse", a.alloc.InUse())
+	return nil
+}
+
+func olderFirst(x, y *corev1.Service) int {
+	if c := x.CreationTimestamp.Compare(y.CreationTimestamp.Time); c != 0 {
+		return c
+	}
+	return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
+}
+
+func reasonOf(err error) string {
+	var e *ipam.Error
+	if errors.As(err, &e) {
+		return string(e.Reason)
+	}
+	return "AllocationFailed"
+}
+
+func (a *allocator) enqueue(svc *corev1.Service) { a.queue.Add(keyOf(svc)) }
+
+// run processes the queue until ctx ends. The caller has synced the
+// informer and called rebuild.
+func (a *allocator) run(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		a.queue.ShutDown()
+	}()
+	svcs, _ := a.services.List(labels.Everything())
+	for _, s := range svcs {
+		a.enqueue(s)
+	}
+	for {
+		key, quit := a.queue.Get()
+		if quit {
+			return
+		}
+		err := a.sync(ctx, key)
+		if err != nil && ctx.Err() == nil {
+			a.log.Info("requeue service", "service", key, "err", err)
+			a.queue.AddRateLimited(key)
+		} else {
+			a.queue.Forget(key)
+		}
+		a.queue.Done(key)
+	}
+}
+
+func (a *allocator) release(key portal.ServiceKey) {
+	if len(a.alloc.Holds(key)) == 0 {
+		return
+	}
+	a.alloc.Release(key)
+	a.log.Info("released load-balancer IPs", "service", key)
+	for k := range a.waiting {
+		a.queue.Add(k)
+	}
+}
+
+func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
+	svc, err := a.services.Services(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		delete(a.waiting, key)
+		a.release(key)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !a.cfg.managed(svc) {
+		delete(a.waiting, key)
+		a.release(key)
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer && svc.DeletionTimestamp == nil && a.ownsStatus(svc) {
+			return a.writeStatus(ctx, svc, nil)
+		}
+		return nil
+	}
+	req, err := requestFor(svc)
+	if err != nil {
+		a.rec.Event(svc, corev1.EventTypeWarning, "BadAnnotation", err.Error())
+		return nil
+	}
+	ips, err := a.alloc.Assign(req)
+	if err != nil {
+		var e *ipam.Error
+		if errors.As(err, &e) && e.Reason == ipam.ReasonExhausted {
+			a.waiting[key] = true
+		}
+		a.rec.Event(svc, corev1.EventTypeWarning, reasonOf(err), err.Error()) // the recorder folds repeats
+		a.log.Info("load-balancer IP refused", "service", key, "err", err)
+		return nil
+	}
+	delete(a.waiting, key)
+	if slices.Equal(sortedAddrs(statusIPs(svc)), ips) {
+		return nil
+	}
+	if err := a.writeStatus(ctx, svc, ips); err != nil {
+		return err
+	}
+	a.rec.Eventf(svc, corev1.EventTypeNormal, "IPAllocated", "load-balancer IPs %v", ips)
+	a.log.Info("load-balancer IPs allocated", "service", key, "ips", ips)
+	return nil
+}
+
+// ownsStatus: the Service's status holds addresses from onehop's pools.
+func (a *allocator) ownsStatus(svc *corev1.Service) bool {
+	for _, ip := range statusIPs(svc) {
+		if a.alloc.PoolOf(ip) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *allocator) writeStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) error {
+	s := svc.DeepCopy()
+	s.Status.LoadBalancer.Ingress = nil
+	vip := corev1.LoadBalancerIPModeVIP
+	for _, ip := range ips {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
+	}
+	_, err := a.client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{})
+	return err
+}
+
+func sortedAddrs(a []netip.Addr) []netip.Addr {
+	a = slices.Clone(a)
+	slices.SortFunc(a, netip.Addr.Compare)
+	return a
+}

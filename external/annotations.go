@@ -1,0 +1,102 @@
+package external
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/onehop/onehop/external/ipam"
+	"github.com/onehop/onehop/portal"
+)
+
+// The annotations and the load-balancer class onehop understands.
+const (
+	// LoadBalancerClass marks Services whose LoadBalancer IPs onehop hands out.
+	LoadBalancerClass = "onehop.io/lb"
+	// AnnotationLoadBalancerIPs requests addresses: "192.0.2.7" or
+	// "192.0.2.7,2001:db8::7" (one per family).
+	AnnotationLoadBalancerIPs = "onehop.io/load-balancer-ips"
+	// AnnotationAddressPool names the pool to allocate from.
+	AnnotationAddressPool = "onehop.io/address-pool"
+	// AnnotationAllowSharedIP is a sharing key: Services with the same key
+	// may share an IP when their ports don't collide.
+	AnnotationAllowSharedIP = "onehop.io/allow-shared-ip"
+	// AnnotationExternalIP on a Pod gives it its own external IP.
+	AnnotationExternalIP = "onehop.io/external-ip"
+)
+
+// managed reports whether onehop allocates the LoadBalancer IPs of svc.
+func (p *parsed) managed(svc *corev1.Service) bool {
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
+		return false
+	}
+	if svc.Spec.LoadBalancerClass == nil {
+		return !p.ClasslessIgnored
+	}
+	return *svc.Spec.LoadBalancerClass == LoadBalancerClass
+}
+
+func keyOf(svc *corev1.Service) portal.ServiceKey {
+	return portal.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+}
+
+// requestFor turns a Service into an allocation request; errors name the
+// offending field and are meant for an event.
+func requestFor(svc *corev1.Service) (ipam.Request, error) {
+	req := ipam.Request{
+		Service:    keyOf(svc),
+		Pool:       strings.TrimSpace(svc.Annotations[AnnotationAddressPool]),
+		SharingKey: strings.TrimSpace(svc.Annotations[AnnotationAllowSharedIP]),
+		RequireAll: svc.Spec.IPFamilyPolicy != nil && *svc.Spec.IPFamilyPolicy == corev1.IPFamilyPolicyRequireDualStack,
+	}
+	for _, f := range svc.Spec.IPFamilies {
+		if f == corev1.IPv6Protocol {
+			req.Families = append(req.Families, portal.IPv6)
+		} else {
+			req.Families = append(req.Families, portal.IPv4)
+		}
+	}
+	for _, sp := range svc.Spec.Ports {
+		proto, ok := portal.ParseProtocol(string(sp.Protocol))
+		if !ok {
+			proto = portal.TCP
+		}
+		req.Ports = append(req.Ports, ipam.Port{Protocol: proto, Port: uint16(sp.Port)})
+	}
+	if v, ok := svc.Annotations[AnnotationLoadBalancerIPs]; ok {
+		for _, s := range strings.Split(v, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return req, fmt.Errorf("annotation %s: %q is not an IP address", AnnotationLoadBalancerIPs, s)
+			}
+			req.Requested = append(req.Requested, a.Unmap())
+		}
+		if len(req.Requested) == 0 {
+			return req, fmt.Errorf("annotation %s is empty", AnnotationLoadBalancerIPs)
+		}
+	} else if s := strings.TrimSpace(svc.Spec.LoadBalancerIP); s != "" {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return req, fmt.Errorf("spec.loadBalancerIP: %q is not an IP address", s)
+		}
+		req.Requested = []netip.Addr{a.Unmap()}
+	}
+	return req, nil
+}
+
+// statusIPs are the IPs in svc's status.loadBalancer.ingress.
+func statusIPs(svc *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(in.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}

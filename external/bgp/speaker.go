@@ -1,0 +1,229 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
+)
+
+// Speaker is one node's BGP speaker.
+type Speaker struct {
+	cfg      Config
+	nextHops map[bool]netip.Addr // is IPv6 -> next hop
+	log      *slog.Logger
+	srv      *server.BgpServer
+
+	mu        sync.Mutex
+	announced map[netip.Addr]*apiutil.Path
+	stopped   bool
+}
+
+// NewSpeaker builds a speaker; nodeAddrs supply the default next hops (the
+// first address of each family).
+func NewSpeaker(cfg Config, nodeAddrs []netip.Addr, log *slog.Logger) (*Speaker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Speaker{cfg: cfg, nextHops: map[bool]netip.Addr{}, log: log, announced: map[netip.Addr]*apiutil.Path{}}
+	for _, a := range nodeAddrs {
+		a = a.Unmap()
+		if _, ok := s.nextHops[a.Is6()]; !ok && a.IsValid() {
+			s.nextHops[a.Is6()] = a
+		}
+	}
+	if cfg.NextHopIPv4 != "" {
+		s.nextHops[false] = netip.MustParseAddr(cfg.NextHopIPv4)
+	}
+	if cfg.NextHopIPv6 != "" {
+		s.nextHops[true] = netip.MustParseAddr(cfg.NextHopIPv6)
+	}
+	if len(s.nextHops) == 0 {
+		return nil, fmt.Errorf("bgp: no next-hop address (node has no InternalIP and none is configured)")
+	}
+	return s, nil
+}
+
+// Start starts the speaker and adds the peers.
+func (s *Speaker) Start(ctx context.Context) error {
+	lvl := &slog.LevelVar{}
+	lvl.Set(slog.LevelWarn)
+	s.srv = server.NewBgpServer(server.LoggerOption(s.log.With("component", "gobgp"), lvl))
+	go s.srv.Serve()
+	rid := s.cfg.RouterID
+	if rid == "" {
+		if a, ok := s.nextHops[false]; ok {
+			rid = a.String()
+		} else {
+			return fmt.Errorf("bgp: routerID is required on an IPv6-only node")
+		}
+	}
+	port := s.cfg.ListenPort
+	if port == 0 {
+		port = -1
+	}
+	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: s.cfg.ASN, RouterId: rid, ListenPort: port}}); err != nil {
+		return fmt.Errorf("bgp: start: %w", err)
+	}
+	for _, p := range s.cfg.Peers {
+		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(p)}); err != nil {
+			_ = s.srv.StopBgp(ctx, &api.StopBgpRequest{})
+			return fmt.Errorf("bgp: peer %s: %w", p.Address, err)
+		}
+	}
+	err := s.srv.WatchEvent(ctx, server.WatchEventMessageCallbacks{
+		OnPeerUpdate: func(p *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
+			if p.Type == apiutil.PEER_EVENT_STATE {
+				s.log.Info("bgp peer state", "peer", p.Peer.State.NeighborAddress, "state", p.Peer.State.SessionState.String())
+			}
+		}}, server.WatchPeer())
+	if err != nil {
+		s.log.Warn("bgp: cannot watch peer events", "err", err)
+	}
+	return nil
+}
+
+func (s *Speaker) peer(p Peer) *api.Peer {
+	hold := p.HoldTimeSeconds
+	if hold == 0 {
+		hold = 90
+	}
+	pc := &api.Peer{
+		Conf: &api.PeerConf{NeighborAddress: p.Address, PeerAsn: p.ASN, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			ConnectRetry: 1, HoldTime: hold, KeepaliveInterval: max(hold/3, 1),
+			IdleHoldTimeAfterReset: 1, // GoBGP's default (30 s) would keep a BFD-reset session down
+		}},
+		Transport: &api.Transport{RemotePort: uint32(p.Port)},
+	}
+	for is6 := range s.nextHops {
+		afi := api.Family_AFI_IP
+		if is6 {
+			afi = api.Family_AFI_IP6
+		}
+		pc.AfiSafis = append(pc.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{
+			Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
+	}
+	slices.SortFunc(pc.AfiSafis, func(a, b *api.AfiSafi) int { return int(a.Config.Family.Afi) - int(b.Config.Family.Afi) })
+	if p.Multihop > 0 {
+		pc.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
+	}
+	if p.BFD {
+		iv := p.BFDIntervalMillis
+		if iv == 0 {
+			iv = 300
+		}
+		pc.Bfd = &api.BfdPeerConfig{Enabled: true, Port: 3784,
+			DesiredMinimumTxInterval: iv * 1000, RequiredMinimumReceive: iv * 1000, DetectionMultiplier: 3}
+	}
+	return pc
+}
+
+func (s *Speaker) path(ip netip.Addr) (*apiutil.Path, error) {
+	nh, ok := s.nextHops[ip.Is6()]
+	if !ok {
+		return nil, fmt.Errorf("no %s next hop for %s", map[bool]string{false: "IPv4", true: "IPv6"}[ip.Is6()], ip)
+	}
+	nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(ip, ip.BitLen()))
+	if err != nil {
+		return nil, err
+	}
+	origin := bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)
+	if ip.Is4() {
+		a, err := bgp.NewPathAttributeNextHop(nh)
+		if err != nil {
+			return nil, err
+		}
+		return &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{origin, a}}, nil
+	}
+	mp, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, nh)
+	if err != nil {
+		return nil, err
+	}
+	return &apiutil.Path{Family: bgp.RF_IPv6_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{origin, mp}}, nil
+}
+
+// Set announces exactly ips: new ones are announced, missing ones
+// withdrawn. Withdrawals go first.
+func (s *Speaker) Set(ips []netip.Addr) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped || s.srv == nil {
+		return errors.New("bgp: speaker not running")
+	}
+	want := map[netip.Addr]bool{}
+	for _, ip := range ips {
+		want[ip.Unmap()] = true
+	}
+	var errs []error
+	for ip, p := range s.announced {
+		if !want[ip] {
+			if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{p}}); err != nil {
+				errs = append(errs, fmt.Errorf("withdraw %s: %w", ip, err))
+				continue
+			}
+			delete(s.announced, ip)
+			s.log.Info("bgp withdraw", "ip", ip)
+		}
+	}
+	for ip := range want {
+		if s.announced[ip] != nil {
+			continue
+		}
+		p, err := s.path(ip)
+		if err == nil {
+			_, err = s.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{p}})
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("announce %s: %w", ip, err))
+			continue
+		}
+		s.announced[ip] = p
+		s.log.Info("bgp announce", "ip", ip, "nextHop", s.nextHops[ip.Is6()])
+	}
+	return errors.Join(errs...)
+}
+
+// Announced returns what the speaker announces now, sorted.
+func (s *Speaker) Announced() []netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []netip.Addr
+	for ip := range s.announced {
+		out = append(out, ip)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// Stop withdraws every route, gives the UPDATEs a moment to leave, then
+// closes the sessions.
+func (s *Speaker) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if s.stopped || s.srv == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	n := len(s.announced)
+	s.mu.Unlock()
+	err := s.Set(nil)
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	if n > 0 {
+		select { // withdrawals are sent asynchronously by the peers' FSMs
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	return errors.Join(err, s.srv.StopBgp(ctx, &api.StopBgpRequest{}))
+}

@@ -1,0 +1,152 @@
+package external
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/ipam"
+	"github.com/onehop/onehop/external/l2"
+	"github.com/onehop/onehop/external/webhook"
+)
+
+// Config is the "external" section of onehop's configuration file.
+type Config struct {
+	// Pools hand out LoadBalancer IPs (and, when AllowPods, pod external IPs).
+	Pools []PoolConfig `json:"pools,omitempty"`
+	// ClasslessIgnored leaves type LoadBalancer Services without a
+	// loadBalancerClass to another controller (a cloud-controller-manager);
+	// onehop then only handles class onehop.io/lb.
+	ClasslessIgnored bool `json:"classlessIgnored,omitempty"`
+	// ExternalIPCIDRs are where spec.externalIPs and pod external IPs may be
+	// (the agent's --external-ip-cidrs). Pool addresses are always allowed.
+	ExternalIPCIDRs []string `json:"externalIPCIDRs,omitempty"`
+	// LeaseNamespace holds the allocator's and the L2 liveness Leases
+	// (default kube-system).
+	LeaseNamespace string `json:"leaseNamespace,omitempty"`
+	// LeaderLease tunes the allocator's leader election (defaults 15s/10s/2s).
+	LeaderLease LeaseTiming `json:"leaderLease,omitzero"`
+
+	// PodExternalIPs watches Pods for onehop.io/external-ip (a cluster-wide
+	// Pod watch on every node; off by default).
+	PodExternalIPs bool `json:"podExternalIPs,omitempty"`
+
+	BGP     *bgp.Config     `json:"bgp,omitempty"`
+	L2      *l2.Config      `json:"l2,omitempty"`
+	Webhook *webhook.Config `json:"webhook,omitempty"`
+}
+
+// PoolConfig is one address pool.
+type PoolConfig struct {
+	Name string `json:"name"`
+	// Addresses are CIDRs ("192.0.2.0/24"), ranges ("192.0.2.10-192.0.2.20")
+	// or single addresses, IPv4 and IPv6.
+	Addresses []string `json:"addresses"`
+	// AutoAssign (default true) lets Services that name no pool use it.
+	AutoAssign *bool `json:"autoAssign,omitempty"`
+	// AllowPods lets Pods claim its addresses with onehop.io/external-ip.
+	AllowPods bool `json:"allowPods,omitempty"`
+}
+
+// LeaseTiming are leader-election durations.
+type LeaseTiming struct {
+	Duration      Duration `json:"duration,omitzero"`
+	RenewDeadline Duration `json:"renewDeadline,omitzero"`
+	RetryPeriod   Duration `json:"retryPeriod,omitzero"`
+}
+
+// Duration is a time.Duration written as "15s" in configuration files.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts "1.5s" or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) >= 2 && s[0] == '"' {
+		v, err := time.ParseDuration(s[1 : len(s)-1])
+		if err != nil {
+			return err
+		}
+		d.Duration = v
+		return nil
+	}
+	var f float64
+	if _, err := fmt.Sscan(s, &f); err != nil {
+		return fmt.Errorf("bad duration %s", s)
+	}
+	d.Duration = time.Duration(f * float64(time.Second))
+	return nil
+}
+
+// MarshalJSON writes "15s".
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+func (t LeaseTiming) withDefaults() LeaseTiming {
+	if t.Duration.Duration <= 0 {
+		t.Duration.Duration = 15 * time.Second
+	}
+	if t.RenewDeadline.Duration <= 0 || t.RenewDeadline.Duration >= t.Duration.Duration {
+		t.RenewDeadline.Duration = t.Duration.Duration * 2 / 3
+	}
+	if t.RetryPeriod.Duration <= 0 || t.RetryPeriod.Duration >= t.RenewDeadline.Duration {
+		t.RetryPeriod.Duration = t.RenewDeadline.Duration / 5
+	}
+	return t
+}
+
+// parsed is Config checked and turned into values.
+type parsed struct {
+	Config
+	pools   []ipam.Pool
+	extCIDR []netip.Prefix
+}
+
+func (c Config) parse() (*parsed, error) {
+	p := &parsed{Config: c}
+	if p.LeaseNamespace == "" {
+		p.LeaseNamespace = "kube-system"
+	}
+	p.LeaderLease = p.LeaderLease.withDefaults()
+	for _, pc := range c.Pools {
+		auto := pc.AutoAssign == nil || *pc.AutoAssign
+		pool, err := ipam.NewPool(pc.Name, pc.Addresses, auto, pc.AllowPods)
+		if err != nil {
+			return nil, err
+		}
+		p.pools = append(p.pools, pool)
+	}
+	if _, err := ipam.New(p.pools); err != nil {
+		return nil, err
+	}
+	for _, s := range c.ExternalIPCIDRs {
+		pre, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("externalIPCIDRs: %v", err)
+		}
+		p.extCIDR = append(p.extCIDR, pre.Masked())
+	}
+	return p, nil
+}
+
+// externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs or
+// any pool.
+func (p *parsed) externalIPAllowed(a netip.Addr) bool { return p.allowed(a, false) }
+
+// podIPAllowed: pod external IPs inside ExternalIPCIDRs or a pool with
+// AllowPods.
+func (p *parsed) podIPAllowed(a netip.Addr) bool { return p.allowed(a, true) }
+
+func (p *parsed) allowed(a netip.Addr, pods bool) bool {
+	a = a.Unmap()
+	for _, c := range p.extCIDR {
+		if c.Contains(a) {
+			return true
+		}
+	}
+	for i := range p.pools {
+		if (!pods || p.pools[i].AllowPods) && p.pools[i].Contains(a) {
+			return true
+		}
+	}
+	return false
+}

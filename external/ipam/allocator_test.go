@@ -1,0 +1,228 @@
+package ipam
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/onehop/onehop/portal"
+)
+
+func mustPool(t *testing.T, name string, auto, pods bool, specs ...string) Pool {
+	t.Helper()
+	p, err := NewPool(name, specs, auto, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func svc(n string) portal.ServiceKey { return portal.ServiceKey{Namespace: "ns", Name: n} }
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, x := range s {
+		out = append(out, netip.MustParseAddr(x))
+	}
+	return out
+}
+
+func tcp(ps ...uint16) []Port {
+	var out []Port
+	for _, p := range ps {
+		out = append(out, Port{portal.TCP, p})
+	}
+	return out
+}
+
+func TestParseRange(t *testing.T) {
+	for _, tc := range []struct {
+		in, first, last string
+		bad             bool
+	}{
+		{in: "192.0.2.0/30", first: "192.0.2.0", last: "192.0.2.3"},
+		{in: "192.0.2.5/30", first: "192.0.2.4", last: "192.0.2.7"},
+		{in: "198.51.100.10 - 198.51.100.20", first: "198.51.100.10", last: "198.51.100.20"},
+		{in: "2001:db8::/126", first: "2001:db8::", last: "2001:db8::3"},
+		{in: "2001:db8::1", first: "2001:db8::1", last: "2001:db8::1"},
+		{in: "192.0.2.9-192.0.2.1", bad: true},
+		{in: "192.0.2.1-2001:db8::1", bad: true},
+		{in: "banana", bad: true},
+		{in: "192.0.2.0/33", bad: true},
+	} {
+		r, err := ParseRange(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("%q: want error, got %v", tc.in, r)
+			}
+			continue
+		}
+		if err != nil || r.First.String() != tc.first || r.Last.String() != tc.last {
+			t.Errorf("%q: got %v %v, want %s-%s", tc.in, r, err, tc.first, tc.last)
+		}
+	}
+	if n := (Range{netip.MustParseAddr("2001:db8::"), netip.MustParseAddr("2001:db8::ffff:ffff:ffff:ffff")}).Size(); n.String() != "18446744073709551616" {
+		t.Errorf("size %s", n)
+	}
+}
+
+func TestNewRejectsOverlapAndDuplicates(t *testing.T) {
+	a := mustPool(t, "a", true, false, "192.0.2.0/28")
+	b := mustPool(t, "b", true, false, "192.0.2.8-192.0.2.20")
+	if _, err := New([]Pool{a, b}); err == nil {
+		t.Error("overlapping pools accepted")
+	}
+	if _, err := New([]Pool{a, a}); err == nil {
+		t.Error("duplicate pool names accepted")
+	}
+	c := mustPool(t, "c", true, false, "192.0.2.16/28")
+	if _, err := New([]Pool{a, c}); err != nil {
+		t.Errorf("adjacent pools refused: %v", err)
+	}
+}
+
+// step is one operation on a shared allocator; the table runs them in order.
+type step struct {
+	name    string
+	req     Request
+	release bool
+	restore []netip.Addr
+	want    []netip.Addr
+	reason  Reason // "" = success
+}
+
+func TestAssign(t *testing.T) {
+	pools := func(t *testing.T) []Pool {
+		return []Pool{
+			mustPool(t, "small", true, false, "192.0.2.1-192.0.2.2"),
+			mustPool(t, "v6", true, false, "2001:db8::/127"),
+			mustPool(t, "manual", false, true, "198.51.100.0/30"),
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"first free, idempotent, release", []step{
+			{name: "a", req: Request{Service: svc("a"), Ports: tcp(80)}, want: addrs("192.0.2.1")},
+			{name: "a again", req: Request{Service: svc("a"), Ports: tcp(80, 443)}, want: addrs("192.0.2.1")},
+			{name: "b", req: Request{Service: svc("b")}, want: addrs("192.0.2.2")},
+			{name: "c exhausted", req: Request{Service: svc("c")}, reason: ReasonExhausted},
+			{name: "release a", req: Request{Service: svc("a")}, release: true},
+			{name: "c gets a's", req: Request{Service: svc("c")}, want: addrs("192.0.2.1")},
+		}},
+		{"requested addresses", []step{
+			{name: "in manual pool", req: Request{Service: svc("a"), Requested: addrs("198.51.100.2")}, want: addrs("198.51.100.2")},
+			{name: "taken", req: Request{Service: svc("b"), Requested: addrs("198.51.100.2")}, reason: ReasonConflict},
+			{name: "outside pools", req: Request{Service: svc("b"), Requested: addrs("203.0.113.1")}, reason: ReasonNotInPool},
+			{name: "wrong pool", req: Request{Service: svc("b"), Requested: addrs("198.51.100.1"), Pool: "small"}, reason: ReasonNotInPool},
+			{name: "two v4", req: Request{Service: svc("b"), Requested: addrs("198.51.100.1", "198.51.100.3")}, reason: ReasonBadRequest},
+			{name: "move a", req: Request{Service: svc("a"), Requested: addrs("198.51.100.3")}, want: addrs("198.51.100.3")},
+			{name: "old one free", req: Request{Service: svc("b"), Requested: addrs("198.51.100.2")}, want: addrs("198.51.100.2")},
+		}},
+		{"pool choice", []step{
+			{name: "manual by name", req: Request{Service: svc("a"), Pool: "manual"}, want: addrs("198.51.100.0")},
+			{name: "unknown", req: Request{Service: svc("b"), Pool: "nope"}, reason: ReasonUnknownPool},
+			{name: "pool without family", req: Request{Service: svc("b"), Pool: "manual", Families: []portal.Family{portal.IPv6}}, reason: ReasonExhausted},
+			{name: "switch pool", req: Request{Service: svc("a"), Pool: "small"}, want: addrs("192.0.2.1")},
+		}},
+		{"sharing", []step{
+			{name: "a", req: Request{Service: svc("a"), SharingKey: "k", Ports: tcp(80)}, want: addrs("192.0.2.1")},
+			{name: "b shares", req: Request{Service: svc("b"), SharingKey: "k", Ports: tcp(443)}, want: addrs("192.0.2.1")},
+			{name: "c port collides, gets own", req: Request{Service: svc("c"), SharingKey: "k", Ports: tcp(80)}, want: addrs("192.0.2.2")},
+			{name: "d other key, exhausted", req: Request{Service: svc("d"), SharingKey: "other", Ports: tcp(22)}, reason: ReasonExhausted},
+			{name: "d requests shared without key", req: Request{Service: svc("d"), Requested: addrs("192.0.2.1"), Ports: tcp(22)}, reason: ReasonConflict},
+			{name: "d requests shared, port collides", req: Request{Service: svc("d"), SharingKey: "k", Requested: addrs("192.0.2.1"), Ports: tcp(443)}, reason: ReasonConflict},
+			{name: "udp 80 does not collide with tcp 80", req: Request{Service: svc("d"), SharingKey: "k", Requested: addrs("192.0.2.1"), Ports: []Port{{portal.UDP, 80}}}, want: addrs("192.0.2.1")},
+			{name: "release a", req: Request{Service: svc("a")}, release: true},
+			{name: "release b", req: Request{Service: svc("b")}, release: true},
+			{name: "release d", req: Request{Service: svc("d")}, release: true},
+			{name: "e unshared gets freed ip", req: Request{Service: svc("e")}, want: addrs("192.0.2.1")},
+		}},
+		{"dual stack", []step{
+			{name: "both", req: Request{Service: svc("a"), Families: []portal.Family{portal.IPv6, portal.IPv4}}, want: addrs("192.0.2.1", "2001:db8::")},
+			{name: "v6 only", req: Request{Service: svc("b"), Families: []portal.Family{portal.IPv6}}, want: addrs("2001:db8::1")},
+			{name: "prefer: v6 exhausted is fine", req: Request{Service: svc("c"), Families: []portal.Family{portal.IPv4, portal.IPv6}}, want: addrs("192.0.2.2")},
+			{name: "require: v6 exhausted fails", req: Request{Service: svc("d"), Families: []portal.Family{portal.IPv4, portal.IPv6}, RequireAll: true}, reason: ReasonExhausted},
+			{name: "primary v6 exhausted fails", req: Request{Service: svc("d"), Families: []portal.Family{portal.IPv6, portal.IPv4}}, reason: ReasonExhausted},
+		}},
+		{"restore after leader change", []step{
+			{name: "restore b", req: Request{Service: svc("b")}, restore: addrs("192.0.2.1"), want: addrs("192.0.2.1")},
+			{name: "a does not get b's", req: Request{Service: svc("a")}, want: addrs("192.0.2.2")},
+			{name: "restore c on a's ip refused", req: Request{Service: svc("c")}, restore: addrs("192.0.2.2"), reason: ReasonConflict},
+			{name: "restore outside pools refused", req: Request{Service: svc("c")}, restore: addrs("203.0.113.9"), reason: ReasonNotInPool},
+			{name: "b keeps its ip", req: Request{Service: svc("b")}, want: addrs("192.0.2.1")},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := New(pools(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range tc.steps {
+				var got []netip.Addr
+				var err error
+				switch {
+				case s.release:
+					a.Release(s.req.Service)
+					if h := a.Holds(s.req.Service); len(h) != 0 {
+						t.Fatalf("%s: still holds %v", s.name, h)
+					}
+					continue
+				case s.restore != nil:
+					err = a.Restore(s.req, s.restore)
+					got = a.Holds(s.req.Service)
+				default:
+					before := a.Holds(s.req.Service)
+					got, err = a.Assign(s.req)
+					if err != nil && !slices.Equal(before, a.Holds(s.req.Service)) {
+						t.Errorf("%s: failed Assign changed holdings %v -> %v", s.name, before, a.Holds(s.req.Service))
+					}
+				}
+				if s.reason != "" {
+					var e *Error
+					if !errors.As(err, &e) || e.Reason != s.reason {
+						t.Fatalf("%s: got %v, %v; want refusal %s", s.name, got, err, s.reason)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+				if !slices.Equal(got, s.want) {
+					t.Fatalf("%s: got %v, want %v", s.name, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestNoDoubleAllocation churns many Services through a small pool and
+// checks the invariant after every step.
+func TestNoDoubleAllocation(t *testing.T) {
+	a, err := New([]Pool{mustPool(t, "p", true, false, "192.0.2.0/29")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		s := svc(string(rune('a' + i%13)))
+		if i%5 == 0 {
+			a.Release(s)
+		} else {
+			_, _ = a.Assign(Request{Service: s, Ports: tcp(uint16(80 + i%3))})
+		}
+		owner := map[netip.Addr]portal.ServiceKey{}
+		for k, ips := range a.svcs {
+			for _, ip := range ips {
+				if o, ok := owner[ip]; ok {
+					t.Fatalf("step %d: %s held by %s and %s", i, ip, o, k)
+				}
+				owner[ip] = k
+			}
+		}
+		if len(owner) != a.InUse() || a.InUse() > 8 {
+			t.Fatalf("step %d: %d owners, %d in use", i, len(owner), a.InUse())
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package external
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/l2"
+	"github.com/onehop/onehop/external/webhook"
+)
+
+// bgpProvider announces, from this node, every IP it serves.
+type bgpProvider struct{ sp *bgp.Speaker }
+
+func (p *bgpProvider) Name() string { return "bgp" }
+
+func (p *bgpProvider) Update(_ context.Context, s *State) error {
+	var ips []netip.Addr
+	for _, ip := range s.IPs() {
+		if s.Serves(ip) {
+			ips = append(ips, ip)
+		}
+	}
+	return p.sp.Set(ips)
+}
+
+func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
+
+// l2Provider answers for the IPs this node owns: l2.Owner over the eligible
+// nodes whose agents are alive.
+type l2Provider struct{ r *l2.Responder }
+
+func (p *l2Provider) Name() string { return "l2" }
+
+func (p *l2Provider) Update(_ context.Context, s *State) error {
+	var own []netip.Addr
+	for _, ip := range s.IPs() {
+		if l2Owner(s, ip) == s.Node && s.Serves(ip) {
+			own = append(own, ip)
+		}
+	}
+	p.r.Set(own)
+	return nil
+}
+
+func l2Owner(s *State, ip netip.Addr) string {
+	var live []string
+	for _, n := range s.Eligible(ip) {
+		if s.Alive(n) {
+			live = append(live, n)
+		}
+	}
+	return l2.Owner(ip, live)
+}
+
+func (p *l2Provider) Close(context.Context) error { p.r.Close(); return nil }
+
+// webhookProvider: the leader sends every Service's state.
+type webhookProvider struct{ n *webhook.Notifier }
+
+func (p *webhookProvider) Name() string { return "webhook" }
+
+func (p *webhookProvider) Update(_ context.Context, s *State) error {
+	if !s.Leader {
+		return nil
+	}
+	p.n.Set(webhookPayloads(s))
+	return nil
+}
+
+func (p *webhookProvider) Close(context.Context) error { return nil }
+
+// webhookPayloads groups targets by Service.
+func webhookPayloads(s *State) []webhook.Payload {
+	by := map[string]*webhook.Payload{}
+	var order []string
+	for _, t := range s.Targets {
+		name := t.Service.String()
+		if t.Pod {
+			name = "pod/" + name
+		}
+		pl := by[name]
+		if pl == nil {
+			pl = &webhook.Payload{Service: name, IPs: []string{}, Ports: []webhook.Port{}, Nodes: []webhook.Node{}, HealthCheckNodePort: t.HealthCheckNodePort}
+			for _, port := range t.Ports {
+				pl.Ports = append(pl.Ports, webhook.Port{Port: port.Port, Protocol: strings.ToUpper(port.Protocol.String())})
+			}
+			for _, n := range t.Nodes {
+				node := webhook.Node{Name: n, Addresses: []string{}}
+				for _, a := range s.NodeAddresses[n] {
+					node.Addresses = append(node.Addresses, a.String())
+				}
+				pl.Nodes = append(pl.Nodes, node)
+			}
+			by[name] = pl
+			order = append(order, name)
+		}
+		pl.IPs = append(pl.IPs, t.IP.String())
+	}
+	slices.Sort(order)
+	out := make([]webhook.Payload, 0, len(order))
+	for _, n := range order {
+		out = append(out, *by[n])
+	}
+	return out
+}
