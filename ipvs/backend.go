@@ -189,7 +189,6 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 			if err != nil {
 				return st, err
 			}
-			st.Messages += 2
 			bt := batch{}
 			t.ensureBase(b.cfg, fam, tables, bt)
 			readRules(fam, have, tables)

@@ -291,8 +291,8 @@ func TestSourceRanges(t *testing.T) {
 	if _, err := n.dial(n.client, "203.0.113.10:80"); err == nil {
 		t.Errorf("client outside the source ranges got through")
 	}
-	if pod, _ := n.get(t, n.pods[0], vip+":80"); pod != "pod-1" {
-		t.Errorf("cluster IP of the same port: %s", pod)
+	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
+		t.Errorf("cluster IP of the same port is not restricted: %s", pod)
 	}
 	b.sync(false, lb())
 	if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
@@ -348,5 +348,19 @@ func TestCheckCleanup(t *testing.T) {
 		if rules := run("iptables", "-t", table, "-S"); strings.Contains(rules, "ONEHOP") {
 			t.Errorf("%s table after Cleanup:\n%s", table, rules)
 		}
+	}
+}
+
+// TestHairpin: a pod reaching itself through its Service is masqueraded,
+// or it would answer itself directly and the connection would never open.
+func TestHairpin(t *testing.T) {
+	n := newTestNet(t, 1)
+	b := n.backend(testCfg)
+	s := web(1)
+	s.Portals[0].LocalEndpoints = []netip.AddrPort{podEP(1)}
+	b.sync(true, s)
+	pod, src := n.get(t, n.pods[0], vip+":80")
+	if pod != "pod-1" || src == podIP(1) {
+		t.Errorf("hairpin: reached %s seeing %s, want pod-1 seeing the node", pod, src)
 	}
 }
