@@ -1,0 +1,162 @@
+package external
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/external/bgp"
+)
+
+const vip = "203.0.113.10"
+
+// bgpLab: BIRD 2 in "router", speakers in node1/node2 on one bridge
+// (10.0.0.0/24), a pod behind each node (10.244.N.2, DNATed from the VIP by
+// an nft rule standing in for the dataplane), a client on its own link.
+type bgpLab struct {
+	*topo
+	dir string
+}
+
+func newBGPLab(t *testing.T) *bgpLab {
+	needs(t, "bird", "nft")
+	lab := &bgpLab{topo: newTopo(t), dir: t.TempDir()}
+	lab.add("router", "node1", "node2", "client", "pod1", "pod2")
+	lab.ip("router", "link", "add", "br0", "type", "bridge")
+	lab.ip("router", "addr", "add", "10.0.0.1/24", "dev", "br0")
+	lab.ip("router", "link", "set", "br0", "up")
+	lab.exec("router", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=1")
+	lab.veth("router", "c0", "client", "eth0")
+	lab.ip("router", "addr", "add", "10.1.0.1/24", "dev", "c0")
+	lab.ip("client", "addr", "add", "10.1.0.2/24", "dev", "eth0")
+	lab.ip("client", "route", "add", "default", "via", "10.1.0.1")
+	for i := 1; i <= 2; i++ {
+		node, pod := fmt.Sprintf("node%d", i), fmt.Sprintf("pod%d", i)
+		lab.veth("router", "v"+node, node, "eth0")
+		lab.ip("router", "link", "set", "v"+node, "master", "br0")
+		lab.ip(node, "addr", "add", fmt.Sprintf("10.0.0.1%d/24", i), "dev", "eth0")
+		lab.ip(node, "route", "add", "10.1.0.0/24", "via", "10.0.0.1")
+		lab.exec(node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		lab.veth(node, "pod", pod, "eth0")
+		lab.ip(node, "addr", "add", fmt.Sprintf("10.244.%d.1/24", i), "dev", "pod")
+		lab.ip(pod, "addr", "add", fmt.Sprintf("10.244.%d.2/24", i), "dev", "eth0")
+		lab.ip(pod, "route", "add", "default", "via", fmt.Sprintf("10.244.%d.1", i))
+		rules := filepath.Join(lab.dir, node+".nft")
+		os.WriteFile(rules, fmt.Appendf(nil, "table ip ohxtest {\n chain pre { type nat hook prerouting priority -100; ip daddr %s tcp dport 80 dnat to 10.244.%d.2:8080; }\n}\n", vip, i), 0o644)
+		lab.exec(node, "nft", "-f", rules)
+		lab.serve(pod, "0.0.0.0:8080", pod)
+	}
+	lab.startBird()
+	return lab
+}
+
+func (lab *bgpLab) startBird() {
+	conf := filepath.Join(lab.dir, "bird.conf")
+	os.WriteFile(conf, []byte(`router id 10.0.0.1;
+protocol device { scan time 10; }
+protocol kernel { ipv4 { import none; export all; }; merge paths yes limit 16; learn no; }
+template bgp nodes {
+  local 10.0.0.1 as 64512; passive yes;
+  hold time 9; keepalive time 3; connect retry time 1;
+  error wait time 1,5;
+  ipv4 { import filter { if net ~ [ 203.0.113.0/24{32,32} ] then accept; reject; }; export none; };
+}
+protocol bgp node1 from nodes { neighbor 10.0.0.11 as 64513; }
+protocol bgp node2 from nodes { neighbor 10.0.0.12 as 64513; }
+`), 0o644)
+	cmd := exec.Command("ip", "netns", "exec", lab.name("router"), "bird", "-f", "-c", conf, "-s", filepath.Join(lab.dir, "bird.ctl"))
+	var logb strings.Builder
+	cmd.Stdout, cmd.Stderr = &logb, &logb
+	if err := cmd.Start(); err != nil {
+		lab.t.Fatal(err)
+	}
+	lab.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if lab.t.Failed() {
+			lab.t.Logf("bird:\n%s", logb.String())
+		}
+	})
+}
+
+var viaRE = regexp.MustCompile(`via (10\.0\.0\.\d+)`)
+
+// nextHops are the router's kernel next hops for the VIP, sorted.
+func (lab *bgpLab) nextHops() []string {
+	out, err := exec.Command("ip", "-n", lab.name("router"), "route", "show", vip+"/32").Output()
+	if err != nil {
+		return nil
+	}
+	var hops []string
+	for _, m := range viaRE.FindAllStringSubmatch(string(out), -1) {
+		hops = append(hops, m[1])
+	}
+	slices.Sort(hops)
+	return hops
+}
+
+func (lab *bgpLab) waitHops(t *testing.T, what string, want ...string) time.Duration {
+	t.Helper()
+	d, ok := waitFor(context.Background(), 30*time.Second, func() bool { return slices.Equal(lab.nextHops(), want) })
+	if !ok {
+		t.Fatalf("%s: router next hops %v, want %v", what, lab.nextHops(), want)
+	}
+	return d
+}
+
+func speakerConfig() bgp.Config {
+	return bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}}
+}
+
+// TestBGPECMPWithdrawStop: both nodes announce -> ECMP over exactly both;
+// a client reaches a pod through the router; one node withdrawing (what
+// the hook does when its last local endpoint goes, Local policy) leaves
+// exactly the other; a speaker stopping withdraws its route.
+func TestBGPECMPWithdrawStop(t *testing.T) {
+	lab := newBGPLab(t)
+	n1 := lab.startSpeaker("node1", "10.0.0.11", speakerConfig())
+	n2 := lab.startSpeaker("node2", "10.0.0.12", speakerConfig())
+	n1.set(vip)
+	n2.set(vip)
+	d := lab.waitHops(t, "both announce", "10.0.0.11", "10.0.0.12")
+	t.Logf("ECMP route with both next hops %v after announce (includes session setup)", d.Round(time.Millisecond))
+
+	seen := map[string]bool{}
+	for i := 0; i < 40 && len(seen) < 2; i++ {
+		got, err := lab.get("client", vip+":80")
+		if err != nil {
+			t.Fatalf("client -> %s: %v", vip, err)
+		}
+		seen[got] = true
+	}
+	if !seen["pod1"] && !seen["pod2"] {
+		t.Fatalf("client reached %v, want a pod", seen)
+	}
+	t.Logf("client reached %v through the router", seen)
+
+	t0 := time.Now()
+	n2.set() // node2 can no longer serve
+	lab.waitHops(t, "node2 withdraws", "10.0.0.11")
+	t.Logf("withdrawal visible in the router's FIB %v after Set", time.Since(t0).Round(time.Millisecond))
+	for i := 0; i < 10; i++ {
+		if got, err := lab.get("client", vip+":80"); err != nil || got != "pod1" {
+			t.Fatalf("after withdrawal: got %q, %v; want pod1", got, err)
+		}
+	}
+
+	n2.set(vip)
+	lab.waitHops(t, "node2 re-announces", "10.0.0.11", "10.0.0.12")
+	t0 = time.Now()
+	n1.stop()
+	lab.waitHops(t, "node1 stops", "10.0.0.12")
+	t.Logf("stopped speaker's route gone %v after Stop returned", time.Since(t0).Round(time.Millisecond))
+	n2.stop()
+	lab.waitHops(t, "node2 stops")
+}
