@@ -1,0 +1,61 @@
+# onehop. `make demo` shows it working; `make test` runs every test (as root).
+
+GO        ?= go
+BIN       ?= bin/agent
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# grpcnotrace: GoBGP pulls gRPC's tracing otherwise (the binary doubles in size).
+GOTAGS    ?= grpcnotrace
+LDFLAGS   ?= -s -w -X main.version=$(VERSION)
+TEST_TIMEOUT ?= 80m
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: build test unit lint bench
+
+build:
+	CGO_ENABLED=0 $(GO) build -tags $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent
+
+# Every test: unit, real-kernel (network namespaces), the IPVS VM and the
+# end-to-end suite on a real kube-apiserver. Needs root; installs the Debian
+# packages it needs and builds the control plane once per machine.
+test:
+	@hack/ci-deps.sh
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# Unit and real-kernel tests only (no control plane, no VM).
+unit:
+	$(GO) test -tags $(GOTAGS) -count=1 ./portal/... ./dataplane/... ./nft/... ./cmd/... ./external/...
+
+lint:
+	gofmt -l . | (! grep .) || (echo "gofmt needed on the files above"; exit 1)
+	$(GO) vet -tags $(GOTAGS) ./...
+	$(GO) run $(STATICCHECK) -tags $(GOTAGS) ./...
+
+# Benchmarks against the real kernel (root): full sync of 1k and 10k
+# Services x 10 endpoints, one endpoint change at 10k.
+bench:
+	$(GO) test -tags $(GOTAGS) -run '^$$' -bench . -benchmem -benchtime 3x ./nft/ ./portal/
+
+# Targets below are owned by test/ and hack/ (issue 3): the real control plane,
+# the namespace end-to-end suite and the demo. Build/test/lint targets are
+# owned by the agent's engineers.
+
+E2E_TIMEOUT ?= 40m
+
+.PHONY: controlplane e2e demo demo-down
+
+# Build kube-apiserver, etcd and kubectl from their Go modules (once per
+# machine; cached under $${ONEHOP_CACHE:-/var/cache/onehop}).
+controlplane:
+	@hack/controlplane.sh
+
+# End-to-end suite on a real kube-apiserver and network namespaces (root).
+e2e:
+	@hack/ci-deps.sh
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" go test -count=1 -timeout $(E2E_TIMEOUT) ./test/cluster/... ./test/netns/...
+
+# A request through a LoadBalancer IP answered by a pod in one hop (root).
+demo:
+	@hack/demo.sh up
+
+demo-down:
+	@hack/demo.sh down

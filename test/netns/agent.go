@@ -1,0 +1,138 @@
+package netns
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onehop/onehop/test/cluster"
+	"github.com/onehop/onehop/test/netns/ns"
+)
+
+// EnvAgent names the environment variable with a prebuilt agent binary.
+const EnvAgent = "ONEHOP_AGENT"
+
+// agentBinary returns path, $ONEHOP_AGENT, or a fresh `go build ./cmd/agent`
+// in dir.
+func agentBinary(ctx context.Context, path, dir string) (string, error) {
+	if path == "" {
+		path = os.Getenv(EnvAgent)
+	}
+	if path != "" {
+		if _, err := os.Stat(path); err != nil {
+			return "", fmt.Errorf("agent binary: %w", err)
+		}
+		return path, nil
+	}
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "agent")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/agent")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/agent: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// AgentArgs returns the `agent run` command line for node n.
+func (c *Cluster) AgentArgs(n *Node) []string {
+	args := []string{
+		c.agentBin, "run",
+		"--kubeconfig", c.CP.Kubeconfig,
+		"--hostname-override", n.Name,
+		"--cluster-cidr", ClusterCIDR,
+		"--nodeport-addresses", NodeCIDR,
+		"--external-ip-cidrs", ExternalCIDR,
+		"--healthz-bind-address", "0.0.0.0:" + strconv.Itoa(HealthzPort),
+		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(MetricsPort),
+		"--min-sync-period", "0s",
+	}
+	return append(args, c.cfg.AgentArgs...)
+}
+
+// StartAgent runs the agent inside node n's namespace and waits until its
+// healthz answers 200.
+func (c *Cluster) StartAgent(ctx context.Context, n *Node) error {
+	n.agentLogs++
+	logPath := filepath.Join(c.Dir, fmt.Sprintf("agent-%s.%d.log", n.Name, n.agentLogs))
+	p, err := ns.Start(n.Netns, "agent "+n.Name, logPath, nil, c.AgentArgs(n)...)
+	if err != nil {
+		return err
+	}
+	n.agent = p
+	began := time.Now()
+	if err := c.waitAgentHealthy(ctx, n); err != nil {
+		return err
+	}
+	c.log.Info("agent healthy", "node", n.Name, "took", time.Since(began).Round(time.Millisecond), "log", logPath)
+	return nil
+}
+
+// KillAgent SIGKILLs node n's agent, leaving whatever it programmed in the
+// kernel, as a crash would.
+func (c *Cluster) KillAgent(n *Node) {
+	if n.agent != nil {
+		n.agent.Kill()
+	}
+}
+
+// Agent returns node n's agent process (nil before StartAgent).
+func (n *Node) Agent() *ns.Process { return n.agent }
+
+func (c *Cluster) waitAgentHealthy(ctx context.Context, n *Node) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	client := &http.Client{
+		Timeout:   time.Second,
+		Transport: &http.Transport{DialContext: ns.Dialer(n.Netns), DisableKeepAlives: true},
+	}
+	url := fmt.Sprintf("http://%s:%d/healthz", n.IP, HealthzPort)
+	var last string
+	for {
+		if done, err := n.agent.Exited(); done {
+			return fmt.Errorf("agent on %s exited (%v); log %s:\n%s", n.Name, err, n.agent.Log, n.agent.Tail(4000))
+		}
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent on %s not healthy at %s: %s; log %s:\n%s", n.Name, url, last, n.agent.Log, n.agent.Tail(4000))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// DumpRules runs `agent dump-rules -o format` inside node n's namespace.
+func (c *Cluster) DumpRules(ctx context.Context, n *Node, format string) (string, error) {
+	return ns.Exec(ctx, n.Netns, c.agentBin, "dump-rules", "-o", format)
+}
+
+// Nft runs `nft args...` inside node n's namespace (for debugging output).
+func (c *Cluster) Nft(ctx context.Context, n *Node, args ...string) (string, error) {
+	return ns.Exec(ctx, n.Netns, append([]string{"nft"}, args...)...)
+}
+
+// AgentLogTail returns the end of node n's current agent log.
+func (c *Cluster) AgentLogTail(n *Node, bytes int) string {
+	if n.agent == nil {
+		return ""
+	}
+	return strings.TrimSpace(n.agent.Tail(bytes))
+}

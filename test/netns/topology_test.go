@@ -1,0 +1,87 @@
+package netns
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/netns/ns"
+)
+
+// The wiring alone, without control plane or agent: pods reach pods on other
+// nodes and the client reaches pods, all without address translation, and
+// Close removes every namespace.
+func TestTopologyRoutes(t *testing.T) {
+	if err := ns.Available(); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	c := &Cluster{ID: ns.RunID(), cfg: Config{Nodes: 2, PodsPerNode: 2, PodPrefix: "echo", Log: log}, log: log, Dir: t.TempDir()}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			c.Close()
+		}
+	})
+	if err := c.buildTopology(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.startPods(); err != nil {
+		t.Fatal(err)
+	}
+	pods := c.Pods()
+	if len(pods) != 4 {
+		t.Fatalf("%d pods, want 4", len(pods))
+	}
+	for _, from := range []struct{ name, netns, ip string }{
+		{"client", c.ClientNetns, ClientIP().String()},
+		{pods[0].Name, pods[0].Netns, pods[0].IP},
+	} {
+		for _, to := range pods {
+			for _, proto := range []string{"tcp", "udp"} {
+				addr := net.JoinHostPort(to.IP, strconv.Itoa(PortHTTP))
+				rep, err := echo.Request(ctx, from.netns, proto, addr)
+				if err != nil {
+					t.Errorf("%s -> %s %s: %v", from.name, proto, addr, err)
+					continue
+				}
+				if rep.Pod != to.Name || rep.SourceIP() != from.ip || rep.Proto != proto {
+					t.Errorf("%s -> %s %s: reply %+v", from.name, proto, addr, rep)
+				}
+			}
+		}
+	}
+	// Nodes reach the control-plane address (where kube-apiserver listens).
+	l, err := ns.Listen(c.ControlNS, "tcp", net.JoinHostPort(ControlPlaneIP().String(), "6443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if conn, err := l.Accept(); err == nil {
+			conn.Close()
+		}
+	}()
+	conn, err := ns.Dialer(c.Nodes[1].Netns)(ctx, "tcp", l.Addr().String())
+	if err != nil {
+		t.Fatalf("node -> control plane: %v", err)
+	}
+	conn.Close()
+
+	names := append([]string(nil), c.namespaces...)
+	c.Close()
+	closed = true
+	for _, n := range names {
+		if _, err := os.Stat(filepath.Join(ns.Dir, n)); !os.IsNotExist(err) {
+			t.Errorf("netns %s still exists after Close", n)
+		}
+	}
+}
