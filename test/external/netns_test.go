@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,3 +165,5 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) (time
 	}
 	return time.Since(t0), cond()
 }
+
+func netip4(s string) netip.Addr { return netip.MustParseAddr(s) }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/l2"
 )
 
 // TestMain doubles as the speaker process: a test re-executes its own
@@ -24,6 +25,9 @@ import (
 func TestMain(m *testing.M) {
 	if cfg := os.Getenv("OHX_SPEAKER"); cfg != "" {
 		os.Exit(speakerMain(cfg, os.Getenv("OHX_NEXTHOP")))
+	}
+	if iface := os.Getenv("OHX_L2"); iface != "" {
+		os.Exit(responderMain(iface))
 	}
 	os.Exit(m.Run())
 }
@@ -51,13 +55,7 @@ func speakerMain(cfgJSON, nexthop string) int {
 		cmd, arg, _ := strings.Cut(sc.Text(), " ")
 		switch cmd {
 		case "set":
-			var ips []netip.Addr
-			for _, s := range strings.Split(arg, ",") {
-				if s != "" {
-					ips = append(ips, netip.MustParseAddr(s))
-				}
-			}
-			reply(sp.Set(ips))
+			reply(sp.Set(parseIPs(arg)))
 		case "stop":
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			reply(sp.Stop(ctx))
@@ -66,6 +64,41 @@ func speakerMain(cfgJSON, nexthop string) int {
 		}
 	}
 	return 0
+}
+
+// responderMain answers ARP/NDP on iface; commands as speakerMain.
+func responderMain(iface string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	r, err := l2.NewResponder([]string{iface}, log)
+	if err != nil {
+		fmt.Println("err", err)
+		return 2
+	}
+	fmt.Println("ok")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		switch cmd {
+		case "set":
+			r.Set(parseIPs(arg))
+			reply(nil)
+		case "stop":
+			r.Close()
+			reply(nil)
+			return 0
+		}
+	}
+	return 0
+}
+
+func parseIPs(arg string) []netip.Addr {
+	var ips []netip.Addr
+	for _, s := range strings.Split(arg, ",") {
+		if s != "" {
+			ips = append(ips, netip.MustParseAddr(s))
+		}
+	}
+	return ips
 }
 
 func reply(err error) {
@@ -88,8 +121,19 @@ type speaker struct {
 func (tp *topo) startSpeaker(n, nexthop string, cfg bgp.Config) *speaker {
 	tp.t.Helper()
 	b, _ := json.Marshal(cfg)
+	return tp.startHelper(n, "OHX_SPEAKER="+string(b), "OHX_NEXTHOP="+nexthop)
+}
+
+func (tp *topo) startResponder(n, iface string) *speaker {
+	tp.t.Helper()
+	return tp.startHelper(n, "OHX_L2="+iface)
+}
+
+// startHelper re-executes the test binary in namespace n as a helper.
+func (tp *topo) startHelper(n string, env ...string) *speaker {
+	tp.t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", tp.name(n), os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "OHX_SPEAKER="+string(b), "OHX_NEXTHOP="+nexthop)
+	cmd.Env = append(os.Environ(), env...)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	s := &speaker{t: tp.t, cmd: cmd, in: in, out: bufio.NewScanner(out), stderr: &strings.Builder{}}
@@ -122,6 +166,12 @@ func (s *speaker) set(ips ...string) {
 	s.t.Helper()
 	fmt.Fprintf(s.in, "set %s\n", strings.Join(ips, ","))
 	s.expectOK("set")
+}
+
+// kill ends the helper without any goodbye (a crashed agent).
+func (s *speaker) kill() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
 }
 
 func (s *speaker) stop() {
