@@ -60,6 +60,9 @@ type Hook struct {
 	programmed map[netip.Addr]programmed
 	leader     bool
 	alloc      *allocator
+	// reported are the refused spec.externalIPs already given an event in
+	// this leadership term.
+	reported map[string]bool
 }
 
 // New builds the hook of node nodeName. Nothing runs until Run.
@@ -332,6 +335,9 @@ func (h *Hook) state() *State {
 			}
 		}
 	}
+	if leader {
+		h.reportExternalIPs(in.services)
+	}
 	st := &State{Node: h.node, Leader: leader, Targets: h.cfg.targets(in), NodeAddresses: map[string][]netip.Addr{}, programmed: prog}
 	for _, n := range in.nodes {
 		st.NodeAddresses[n.Name] = h.nodeAddrs(n.Name)
@@ -392,7 +398,7 @@ func (h *Hook) lead(ctx context.Context) {
 				OnStartedLeading: h.leading,
 				OnStoppedLeading: func() {
 					h.mu.Lock()
-					h.leader, h.alloc = false, nil
+					h.leader, h.alloc, h.reported = false, nil, nil
 					h.mu.Unlock()
 					h.log.Info("external: lost allocator lease", "node", h.node)
 					h.poke()
@@ -435,4 +441,30 @@ func (h *Hook) leading(ctx context.Context) {
 
 func metaOf(namespace, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: namespace, Name: name}
+}
+
+// reportExternalIPs puts one event per leadership term on each Service for
+// each spec.externalIPs entry outside ExternalIPCIDRs and the pools (the
+// dataplane does not serve those).
+func (h *Hook) reportExternalIPs(svcs []*corev1.Service) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.reported == nil {
+		h.reported = map[string]bool{}
+	}
+	for _, svc := range svcs {
+		for _, s := range svc.Spec.ExternalIPs {
+			a, err := netip.ParseAddr(s)
+			if err == nil && h.cfg.externalIPAllowed(a) {
+				continue
+			}
+			k := string(svc.UID) + "/" + s
+			if h.reported[k] {
+				continue
+			}
+			h.reported[k] = true
+			h.rec.Eventf(svc, corev1.EventTypeWarning, "ExternalIPNotAllowed",
+				"spec.externalIPs %q is outside --external-ip-cidrs and the address pools; it is not served", s)
+		}
+	}
 }
