@@ -56,14 +56,15 @@ type Backend struct {
 	stateFile    string
 	drainTimeout time.Duration
 
-	mu       sync.Mutex
-	ipvs     *libipvs.Handle
-	nl       *netlink.Handle
-	ipt      map[portal.Family]*iptables
-	applied  *plan                  // what the kernel holds after the last successful sync
-	drains   map[drainKey]time.Time // destinations at weight 0, since when
-	synced   bool
-	needFull bool
+	mu        sync.Mutex
+	ipvs      *libipvs.Handle
+	nl        *netlink.Handle
+	ipt       map[portal.Family]*iptables
+	applied   *plan                  // what the kernel holds after the last successful sync
+	drains    map[drainKey]time.Time // destinations at weight 0, since when
+	synced    bool
+	needFull  bool
+	nodeAddrs []netip.Addr // NodePort addresses of the last sync
 	// v6 turns on the IPv6 chains once an IPv6 Service shows up, so that
 	// IPv4-only clusters pay for one family of iptables commands.
 	v6 bool
@@ -160,22 +161,56 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return st, err
 	}
-	want := buildPlan(planInput{Cfg: b.cfg, Sched: b.sched, NodeAddrs: nodeAddrs}, snap.Services)
-	for _, c := range want.Conflicts {
+	in := planInput{Cfg: b.cfg, Sched: b.sched, NodeAddrs: nodeAddrs}
+	if !full && !slices.Equal(nodeAddrs, b.nodeAddrs) {
+		full, st.Full, st.Services = true, true, len(snap.Services) // every NodePort moves
+	}
+	if !full && !b.v6 {
+		for _, k := range snap.Dirty {
+			if s := snap.Services[k]; s != nil && slices.ContainsFunc(s.Portals, func(p *portal.Portal) bool { return p.Key.Family == portal.IPv6 }) {
+				full, st.Full, st.Services = true, true, len(snap.Services) // sets up the IPv6 chains
+			}
+		}
+	}
+	// whole is the complete desired plan; have and want are what the diff
+	// looks at: everything on a full sync, only the keys the dirty
+	// Services had or now have on an incremental one.
+	var whole, have, want *plan
+	stateChanged := true
+	if full {
+		whole = buildPlan(in, snap.Services)
+		want = whole
+	} else {
+		whole = b.applied
+		dirty := whole.expandDirty(snap.Dirty)
+		t := newTouched()
+		scratch := newPlan()
+		for _, k := range dirty {
+			t.addPart(whole.Parts[k])
+			if s := snap.Services[k]; s != nil {
+				scratch.addService(in, s)
+			}
+		}
+		for _, pt := range scratch.Parts {
+			t.addPart(pt)
+		}
+		have = whole.subset(t)
+		before := labels(whole, t, dirty, scratch)
+		whole.replace(in, dirty, snap.Services)
+		want = whole.subset(t)
+		stateChanged = before != labels(whole, t, dirty, scratch)
+	}
+	for _, c := range whole.Conflicts {
 		b.log.Warn("ipvs: entry not programmed", "conflict", c)
 	}
-	for k := range want.Servers {
+	for k, v := range want.Servers {
 		if b.ipt[k.family()] == nil {
-			return st, fmt.Errorf("ipvs: %s needs ip6tables, which is missing", want.Servers[k].Portal)
+			return st, fmt.Errorf("ipvs: %s needs ip6tables, which is missing", v.Portal)
 		}
-	}
-	for k := range want.Servers {
 		if k.family() == portal.IPv6 {
 			b.v6 = true
-			break
 		}
 	}
-	have := b.applied
 	batches := map[portal.Family]batch{}
 	if full {
 		if err := b.setup(); err != nil {
@@ -211,24 +246,26 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return st, err
 	}
-	if err := writeState(b.stateFile, want); err != nil {
-		return st, err
+	if stateChanged {
+		if err := writeState(b.stateFile, whole); err != nil {
+			return st, err
+		}
 	}
 	// Keep the draining destinations in the applied state: they are in the kernel.
 	for dk := range b.drains {
-		if v := want.Servers[dk.vs]; v != nil {
+		if v := whole.Servers[dk.vs]; v != nil {
 			if _, ok := v.Dests[dk.dest]; !ok {
 				v.Dests[dk.dest] = 0
 			}
 		}
 	}
-	b.applied, b.synced, b.needFull = want, true, false
+	b.applied, b.nodeAddrs, b.synced, b.needFull = whole, nodeAddrs, true, false
 	st.Changed = len(changed)
-	st.Rules = len(want.Rules)
-	for _, c := range want.SRChains {
+	st.Rules = len(whole.Rules)
+	for _, c := range whole.SRChains {
 		st.Rules += len(c.Rules)
 	}
-	for _, v := range want.Servers {
+	for _, v := range whole.Servers {
 		st.Elements += 1 + len(v.Dests)
 	}
 	b.reapLocked(time.Now())
@@ -649,4 +686,33 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	removeState(b.stateFile)
 	b.applied, b.synced, b.drains = nil, false, map[drainKey]time.Time{}
 	return errors.Join(errs...)
+}
+
+// labels summarises what the state file records for the touched servers
+// and the dirty Services' local endpoints, to rewrite it only on change.
+func labels(pl *plan, t *touched, dirty []portal.ServiceKey, scratch *plan) string {
+	var out []string
+	for k := range t.servers {
+		if v := pl.Servers[k]; v != nil {
+			out = append(out, k.String()+" "+v.Portal.String()+" "+v.Kind)
+		}
+	}
+	ports := map[string]bool{}
+	for _, k := range dirty {
+		if pt := pl.Parts[k]; pt != nil {
+			for _, l := range pt.Local {
+				ports[l] = true
+			}
+		}
+	}
+	for _, pt := range scratch.Parts {
+		for _, l := range pt.Local {
+			ports[l] = true
+		}
+	}
+	for p := range ports {
+		out = append(out, p+" "+fmt.Sprint(pl.Local[p]))
+	}
+	slices.Sort(out)
+	return fmt.Sprint(out)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -93,6 +94,26 @@ type plan struct {
 	Local map[string][]string
 	// Conflicts are entries another Service's portal already claimed.
 	Conflicts []string
+
+	// Parts record what each Service contributed, and the refs count
+	// contributions to what Services can share (a VIP, a hairpin rule),
+	// so that an incremental sync can replace one Service's part.
+	Parts map[portal.ServiceKey]*part
+	// Losers are the Services that lost an entry to another: when anything
+	// changes, they are re-added too, so that one takes a freed entry.
+	Losers   map[portal.ServiceKey]bool
+	VIPRefs  map[netip.Addr]int
+	RuleRefs map[string]int
+	SRRefs   map[string]int
+}
+
+// part is what one Service contributed to a plan.
+type part struct {
+	Servers  []vsKey
+	VIPs     []netip.Addr
+	Rules    []string
+	SRChains []string
+	Local    []string
 }
 
 type srChain struct {
@@ -109,7 +130,151 @@ type planInput struct {
 
 func newPlan() *plan {
 	return &plan{Servers: map[vsKey]*virtualServer{}, VIPs: map[netip.Addr]bool{}, Rules: map[string]rule{},
-		SRChains: map[string]srChain{}, Local: map[string][]string{}}
+		SRChains: map[string]srChain{}, Local: map[string][]string{},
+		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SRRefs: map[string]int{}}
+}
+
+// expandDirty adds the Services that lost a conflict to dirty, sorted as
+// buildPlan adds Services, so that an incremental plan equals a full one.
+func (pl *plan) expandDirty(dirty []portal.ServiceKey) []portal.ServiceKey {
+	out := slices.Clone(dirty)
+	for k := range pl.Losers {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b portal.ServiceKey) int { return strings.Compare(a.String(), b.String()) })
+	return slices.Compact(out)
+}
+
+// replace swaps the parts of the (expanded) dirty Services for their
+// current version in services (absent: deleted).
+func (pl *plan) replace(in planInput, dirty []portal.ServiceKey, services map[portal.ServiceKey]*portal.Service) {
+	pl.Conflicts = nil
+	for _, k := range dirty {
+		pl.removeService(k)
+	}
+	for _, k := range dirty {
+		if s := services[k]; s != nil {
+			pl.addService(in, s)
+		}
+	}
+}
+
+// addService adds s's portals, recording its part.
+func (pl *plan) addService(in planInput, s *portal.Service) {
+	pt := &part{}
+	pl.Parts[s.Key] = pt
+	for _, p := range s.Portals {
+		pl.addPortal(in, p, pt)
+	}
+}
+
+// removeService takes out what Service k contributed.
+func (pl *plan) removeService(k portal.ServiceKey) {
+	pt := pl.Parts[k]
+	delete(pl.Losers, k)
+	if pt == nil {
+		return
+	}
+	delete(pl.Parts, k)
+	for _, vk := range pt.Servers {
+		if v := pl.Servers[vk]; v != nil && v.Portal.Service == k {
+			delete(pl.Servers, vk)
+		}
+	}
+	for _, a := range pt.VIPs {
+		if pl.VIPRefs[a]--; pl.VIPRefs[a] <= 0 {
+			delete(pl.VIPRefs, a)
+			delete(pl.VIPs, a)
+		}
+	}
+	for _, r := range pt.Rules {
+		if pl.RuleRefs[r]--; pl.RuleRefs[r] <= 0 {
+			delete(pl.RuleRefs, r)
+			delete(pl.Rules, r)
+		}
+	}
+	for _, c := range pt.SRChains {
+		if pl.SRRefs[c]--; pl.SRRefs[c] <= 0 {
+			delete(pl.SRRefs, c)
+			delete(pl.SRChains, c)
+		}
+	}
+	for _, l := range pt.Local {
+		delete(pl.Local, l)
+	}
+}
+
+func (pl *plan) addVIP(a netip.Addr, pt *part) {
+	pl.VIPs[a] = true
+	pl.VIPRefs[a]++
+	pt.VIPs = append(pt.VIPs, a)
+}
+
+func (pl *plan) addPartRule(r rule, pt *part) {
+	k := r.key()
+	pl.Rules[k] = r
+	pl.RuleRefs[k]++
+	pt.Rules = append(pt.Rules, k)
+}
+
+// subset returns the plan restricted to the given keys, for diffing only
+// what an incremental sync touched. Servers are copied (their destinations
+// change as they drain).
+func (pl *plan) subset(t *touched) *plan {
+	out := newPlan()
+	for k := range t.servers {
+		if v := pl.Servers[k]; v != nil {
+			c := *v
+			c.Dests = maps.Clone(v.Dests)
+			out.Servers[k] = &c
+		}
+	}
+	for a := range t.vips {
+		if pl.VIPs[a] {
+			out.VIPs[a] = true
+		}
+	}
+	for r := range t.rules {
+		if x, ok := pl.Rules[r]; ok {
+			out.Rules[r] = x
+		}
+	}
+	for c := range t.sr {
+		if x, ok := pl.SRChains[c]; ok {
+			out.SRChains[c] = x
+		}
+	}
+	return out
+}
+
+// touched is the set of keys an incremental sync looks at.
+type touched struct {
+	servers map[vsKey]bool
+	vips    map[netip.Addr]bool
+	rules   map[string]bool
+	sr      map[string]bool
+}
+
+func newTouched() *touched {
+	return &touched{servers: map[vsKey]bool{}, vips: map[netip.Addr]bool{}, rules: map[string]bool{}, sr: map[string]bool{}}
+}
+
+func (t *touched) addPart(pt *part) {
+	if pt == nil {
+		return
+	}
+	for _, k := range pt.Servers {
+		t.servers[k] = true
+	}
+	for _, a := range pt.VIPs {
+		t.vips[a] = true
+	}
+	for _, r := range pt.Rules {
+		t.rules[r] = true
+	}
+	for _, c := range pt.SRChains {
+		t.sr[c] = true
+	}
 }
 
 // buildPlan computes the desired IPVS services, VIPs and iptables rules.
@@ -121,14 +286,12 @@ func buildPlan(in planInput, services map[portal.ServiceKey]*portal.Service) *pl
 	}
 	slices.SortFunc(keys, func(a, b portal.ServiceKey) int { return strings.Compare(a.String(), b.String()) })
 	for _, k := range keys {
-		for _, p := range services[k].Portals {
-			pl.addPortal(in, p)
-		}
+		pl.addService(in, services[k])
 	}
 	return pl
 }
 
-func (pl *plan) addPortal(in planInput, p *portal.Portal) {
+func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 	fam := p.Key.Family
 	mark := in.Cfg.MasqueradeMark()
 	internal := p.ClusterEndpoints
@@ -148,6 +311,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 		local = append(local, e.String())
 	}
 	pl.Local[p.Key.String()] = local
+	pt.Local = append(pt.Local, p.Key.String())
 
 	add := func(addr netip.Addr, port uint16, kind string, eps []netip.AddrPort) bool {
 		if portal.FamilyOf(addr) != fam || !addr.IsValid() {
@@ -157,6 +321,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 		k := vsKey{Proto: p.Key.Protocol, Addr: addr, Port: port}
 		if old, ok := pl.Servers[k]; ok {
 			pl.Conflicts = append(pl.Conflicts, fmt.Sprintf("%s %s: already used by %s", p.Key, k, old.Portal))
+			pl.Losers[p.Key.Service] = true
 			return false
 		}
 		d := make(map[netip.AddrPort]int, len(eps))
@@ -164,6 +329,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 			d[netip.AddrPortFrom(e.Addr().Unmap(), e.Port())] = 1
 		}
 		pl.Servers[k] = &virtualServer{Key: k, Sched: in.Sched, Timeout: timeout, Dests: d, Portal: p.Key, Kind: kind}
+		pt.Servers = append(pt.Servers, k)
 		return true
 	}
 	type ext struct {
@@ -174,18 +340,18 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 	var exts []ext
 	for _, ip := range p.ClusterIPs {
 		if add(ip, p.Port, kindClusterIP, internal) {
-			pl.VIPs[ip.Unmap()] = true
+			pl.addVIP(ip.Unmap(), pt)
 		}
 	}
 	for _, ip := range p.ExternalIPs {
 		if add(ip, p.Port, kindExternalIP, external) {
-			pl.VIPs[ip.Unmap()] = true
+			pl.addVIP(ip.Unmap(), pt)
 			exts = append(exts, ext{ip.Unmap(), p.Port, kindExternalIP})
 		}
 	}
 	for _, ip := range p.LoadBalancerIPs {
 		if add(ip, p.Port, kindLoadBalancer, external) {
-			pl.VIPs[ip.Unmap()] = true
+			pl.addVIP(ip.Unmap(), pt)
 			exts = append(exts, ext{ip.Unmap(), p.Port, kindLoadBalancer})
 		}
 	}
@@ -203,11 +369,11 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 		switch {
 		case p.ExternalLocal:
 			// Local policy: the endpoint must see the client's address.
-			pl.addRule(rule{fam, "nat", chainKeepSource, concat(match, comment, markClear(mark))})
+			pl.addPartRule(rule{fam, "nat", chainKeepSource, concat(match, comment, markClear(mark))}, pt)
 		case len(in.Cfg.ClusterCIDRs) == 0 && !in.Cfg.MasqueradeAll:
 			// Nothing masquerades by default: external traffic under the
 			// Cluster policy must, or replies from other nodes bypass us.
-			pl.addRule(rule{fam, "nat", chainMasqExt, concat(match, comment, markSet(mark))})
+			pl.addPartRule(rule{fam, "nat", chainMasqExt, concat(match, comment, markSet(mark))}, pt)
 		}
 		if len(p.SourceRanges) > 0 && (e.kind == kindLoadBalancer || (e.kind == kindNodePort && in.Cfg.SourceRangesOnNodePorts)) {
 			var rules [][]string
@@ -217,7 +383,9 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 			rules = append(rules, []string{"-j", "DROP"})
 			name := srChainName(fam, e.addr, e.port, p.Key.Protocol, rules)
 			pl.SRChains[name] = srChain{Family: fam, Rules: rules}
-			pl.addRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, []string{"-j", name})})
+			pl.SRRefs[name]++
+			pt.SRChains = append(pt.SRChains, name)
+			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, []string{"-j", name})}, pt)
 		}
 	}
 	// Hairpin: an endpoint on this node reaching itself through the Service
@@ -228,7 +396,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal) {
 			continue
 		}
 		pfx := netip.PrefixFrom(a, a.BitLen()).String()
-		pl.addRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}})
+		pl.addPartRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}}, pt)
 	}
 }
 

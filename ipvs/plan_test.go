@@ -139,3 +139,27 @@ func TestKernelBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestIncrementalPlan: replacing the dirty Services' parts of a plan gives
+// the plan built from scratch, shared VIPs and rules included.
+func TestIncrementalPlan(t *testing.T) {
+	in := planInput{Cfg: dataplane.Config{}, Sched: "rr", NodeAddrs: addrs("192.168.1.10")}
+	old := representative()
+	pl := buildPlan(in, old)
+	next := representative()
+	web := portal.ServiceKey{Namespace: "shop", Name: "web"}
+	edge := portal.ServiceKey{Namespace: "shop", Name: "edge"}
+	dns := portal.ServiceKey{Namespace: "default", Name: "dns"}
+	p := *next[web].Portals[0]
+	p.ClusterEndpoints = p.ClusterEndpoints[:1]
+	p.ExternalIPs = nil
+	next[web] = &portal.Service{Key: web, Portals: []*portal.Portal{&p}}
+	delete(next, edge)
+	pl.replace(in, pl.expandDirty([]portal.ServiceKey{web, edge, dns}), next)
+	pl.Conflicts = nil
+	want := buildPlan(in, next)
+	want.Conflicts = nil
+	if got, w := pl.render(in.Cfg, false), want.render(in.Cfg, false); got != w {
+		t.Errorf("incremental plan differs from a full one:\n--- full\n%s\n--- incremental\n%s", w, got)
+	}
+}

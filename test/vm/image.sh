@@ -82,7 +82,16 @@ if [[ ! -f "$kdir/.done" ]]; then
 fi
 echo "$pkg" >"$cache/kernel.pkg"
 
-# 3. The initramfs, rebuilt each run (test binaries change); ~2 s.
+# 3. The initramfs: a base archive (tools, libraries, modules, /init) cached
+#    per kernel, tool versions and these scripts, plus a small archive of the
+#    test binaries built each run. The kernel unpacks concatenated archives.
+stamp=$(
+	echo "$pkg $variant"
+	dpkg-query -W -f='${Package}=${Version}\n' busybox-static iproute2 iptables ipvsadm libc6 2>/dev/null
+	cat "${BASH_SOURCE[0]}" "$here/init.sh"
+)
+base="$cache/base-$(printf '%s' "$stamp" | sha256sum | cut -c1-16).cpio.gz"
+if [[ ! -s "$base" ]]; then
 R="$out/rootfs"
 rm -rf "$R"
 mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,etc,tests,lib64}
@@ -141,16 +150,26 @@ cp "$kmod"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$kver/"
 depmod -b "$R" "$kver"
 echo $mods >"$R/etc/mods"
 
-for arg in "$@"; do
-	name=${arg%%=*}
-	cp "${arg#*=}" "$R/tests/$name"
-	chmod +x "$R/tests/$name"
-done
 cp "$here/init.sh" "$R/init"
 chmod +x "$R/init"
-(cd "$R" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/initramfs.gz.tmp"
-mv "$out/initramfs.gz.tmp" "$out/initramfs.gz"
+(cd "$R" && find . | cpio -o -H newc --quiet | gzip -1) >"$base.tmp"
+mv "$base.tmp" "$base"
 rm -rf "$R"
-log "kernel $kver, initramfs $(du -h "$out/initramfs.gz" | cut -f1)"
+find "$cache" -maxdepth 1 -name 'base-*.cpio.gz' ! -newer "$base" ! -path "$base" -mmin +60 -delete 2>/dev/null || true
+fi
+
+T="$out/tests-root"
+rm -rf "$T"
+mkdir -p "$T/tests"
+for arg in "$@"; do
+	name=${arg%%=*}
+	cp "${arg#*=}" "$T/tests/$name"
+	chmod +x "$T/tests/$name"
+done
+(cd "$T" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/tests.cpio.gz"
+cat "$base" "$out/tests.cpio.gz" >"$out/initramfs.gz.tmp"
+mv "$out/initramfs.gz.tmp" "$out/initramfs.gz"
+rm -rf "$T" "$out/tests.cpio.gz"
+log "kernel $kver, initramfs $(du -h "$out/initramfs.gz" | cut -f1) (base $(basename "$base"))"
 echo "kernel=$kdir/boot/vmlinuz-$kver"
 echo "initrd=$out/initramfs.gz"
