@@ -35,7 +35,7 @@
 //     destination makes IPVS answer ICMP port unreachable itself, which is
 //     the same reject the nft backend sends (TCP clients get ECONNREFUSED).
 //     Such Services keep their virtual server, so Dump shows them with the
-//     note "no endpoints: reject".
+//     note "no endpoints: new connections are rejected", as nft.
 //
 // # Syncing
 //

@@ -101,7 +101,7 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	}
 	for svc, p := range ports {
 		if live[svc] == 0 {
-			p.Note = "no endpoints: reject"
+			p.Note = noEndpointsNote
 		}
 		d.Ports = append(d.Ports, *p)
 	}
@@ -132,3 +132,6 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	d.Raw = raw.String()
 	return d, nil
 }
+
+// noEndpointsNote is the nft backend's wording, so dumps read the same.
+const noEndpointsNote = "no endpoints: new connections are rejected"

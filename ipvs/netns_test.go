@@ -89,6 +89,13 @@ const (
 	nodeIP   = "192.168.50.1"
 )
 
+const (
+	clientIP6 = "fd00:50::2"
+	nodeIP6   = "fd00:50::1"
+)
+
+func podIP6(i int) string { return fmt.Sprintf("fd00:244:%d::2", i) }
+
 func podIP(i int) string         { return fmt.Sprintf("10.244.%d.2", i) }
 func podGW(i int) string         { return fmt.Sprintf("10.244.%d.1", i) }
 func podEP(i int) netip.AddrPort { return netip.MustParseAddrPort(podIP(i) + ":8080") }
@@ -159,6 +166,29 @@ func upWith(t *testing.T, h *netlink.Handle, dev, cidr, gw string) {
 	}
 }
 
+// addV6 adds an IPv6 address without duplicate address detection (so it
+// is usable at once) and, when gw is set, a default route.
+func addV6(t *testing.T, h *netlink.Handle, dev, cidr, gw string) {
+	t.Helper()
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Flags = unix.IFA_F_NODAD
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatalf("addr %s on %s: %v", cidr, dev, err)
+	}
+	if gw != "" {
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
+			t.Fatalf("default via %s: %v", gw, err)
+		}
+	}
+}
+
 // veth makes a veth pair: hostDev in the namespace of h, eth0 in peer.
 func veth(t *testing.T, h *netlink.Handle, hostDev string, peer netns.NsHandle) {
 	t.Helper()
@@ -180,6 +210,8 @@ func newTestNet(t *testing.T, pods int) *testNet {
 	veth(t, nh, "c0", cns)
 	upWith(t, nh, "c0", nodeIP+"/24", "")
 	upWith(t, ch, "eth0", clientIP+"/24", nodeIP)
+	addV6(t, nh, "c0", nodeIP6+"/64", "")
+	addV6(t, ch, "eth0", clientIP6+"/64", nodeIP6)
 	for i := 1; i <= pods; i++ {
 		name := fmt.Sprintf("ohp%d-%s", i, n.id)
 		ph, pns := mkNS(t, name)
@@ -188,9 +220,14 @@ func newTestNet(t *testing.T, pods int) *testNet {
 		veth(t, nh, dev, pns)
 		upWith(t, nh, dev, podGW(i)+"/24", "")
 		upWith(t, ph, "eth0", podIP(i)+"/24", podGW(i))
+		addV6(t, nh, dev, fmt.Sprintf("fd00:244:%d::1/64", i), "")
+		addV6(t, ph, "eth0", podIP6(i)+"/64", fmt.Sprintf("fd00:244:%d::1", i))
 		n.serve(i, name)
 	}
 	if err := inNS(n.node, func() error {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+			return err
+		}
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	}); err != nil {
 		t.Fatal(err)
@@ -344,7 +381,7 @@ type backend struct {
 	b  *Backend
 }
 
-var testCfg = dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+var testCfg = dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}}
 
 func (n *testNet) backend(cfg dataplane.Config, opts ...Option) *backend {
 	n.t.Helper()

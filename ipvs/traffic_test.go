@@ -267,7 +267,7 @@ func TestRejectNoEndpoints(t *testing.T) {
 		t.Errorf("UDP without endpoints: %v, want connection refused", err)
 	}
 	d := b.dump()
-	if len(d.Ports) != 2 || d.Ports[0].Note != "no endpoints: reject" {
+	if len(d.Ports) != 2 || d.Ports[0].Note != noEndpointsNote {
 		t.Errorf("dump: %+v", d.Ports)
 	}
 	b.sync(false, web(1))
@@ -367,5 +367,35 @@ func TestHairpin(t *testing.T) {
 	pod, src := n.get(t, n.pods[0], vip+":80")
 	if pod != "pod-1" || src == podIP(1) {
 		t.Errorf("hairpin: reached %s seeing %s, want pod-1 seeing the node", pod, src)
+	}
+}
+
+// TestIPv6: an IPv6 cluster IP and NodePort through ip6tables and IPVS,
+// masqueraded for a client outside the cluster network, next to IPv4.
+func TestIPv6(t *testing.T) {
+	n := newTestNet(t, 2)
+	b := n.backend(testCfg)
+	s := web(1, 2)
+	p6 := &portal.Portal{Key: portal.PortKey{Service: s.Key, Port: "http", Protocol: portal.TCP, Family: portal.IPv6}, Port: 80,
+		ClusterIPs: addrs("fd00:96::10"), NodePort: 30090,
+		ClusterEndpoints: []netip.AddrPort{netip.MustParseAddrPort("[" + podIP6(1) + "]:8080"), netip.MustParseAddrPort("[" + podIP6(2) + "]:8080")}}
+	s.Portals = append(s.Portals, p6)
+	b.sync(true, s)
+	seen := map[string]bool{}
+	for _, addr := range []string{"[fd00:96::10]:80", "[fd00:96::10]:80", "[" + nodeIP6 + "]:30090", "[" + nodeIP6 + "]:30090"} {
+		pod, src := n.get(t, n.client, addr)
+		seen[pod] = true
+		if src == clientIP6 {
+			t.Errorf("%s: IPv6 client outside the cluster network not masqueraded", addr)
+		}
+	}
+	if len(seen) != 2 {
+		t.Errorf("IPv6 reached %v, want both pods", seen)
+	}
+	if pod, _ := n.get(t, n.client, vip+":80"); pod == "" {
+		t.Error("IPv4 next to IPv6")
+	}
+	if st := b.sync(true, s); st.Messages != 0 {
+		t.Errorf("second full sync with IPv6 sent %d messages", st.Messages)
 	}
 }
