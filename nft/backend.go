@@ -29,8 +29,13 @@ type Backend struct {
 	synced   bool
 	services map[portal.ServiceKey]*appliedService
 	owners   map[string]portal.PortKey // elem id -> portal that owns it
-	hairpin  map[netip.Addr]int        // endpoint address -> portals using it
+	refs     map[string]int            // shared element id -> portals using it
 	npIPs    []netip.Addr
+	// ids number the chains that pick from the endpoint maps: an endpoint
+	// element's key is chain id . index.
+	ids      map[string]uint32
+	freeIDs  []uint32
+	nextID   uint32
 	chains   int // per-portal chains
 	elements int
 	lastUse  uint32 // the table's use count after our last sync
@@ -70,13 +75,38 @@ func (b *Backend) reset() {
 	b.synced = false
 	b.services = map[portal.ServiceKey]*appliedService{}
 	b.owners = map[string]portal.PortKey{}
-	b.hairpin = map[netip.Addr]int{}
+	b.refs = map[string]int{}
 	b.npIPs = nil
+	b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	b.chains, b.elements = 0, 0
 }
 
 // Name implements dataplane.Dataplane.
 func (b *Backend) Name() string { return "nft" }
+
+// chainID returns the id of a chain, allocating one if needed. A failed
+// transaction resets the backend, so ids can be taken before commit.
+func (b *Backend) chainID(name string) uint32 {
+	if id, ok := b.ids[name]; ok {
+		return id
+	}
+	var id uint32
+	if n := len(b.freeIDs); n > 0 {
+		id, b.freeIDs = b.freeIDs[n-1], b.freeIDs[:n-1]
+	} else {
+		id = b.nextID
+		b.nextID++
+	}
+	b.ids[name] = id
+	return id
+}
+
+func (b *Backend) releaseID(name string) {
+	if id, ok := b.ids[name]; ok {
+		delete(b.ids, name)
+		b.freeIDs = append(b.freeIDs, id)
+	}
+}
 
 // Sync implements dataplane.Dataplane.
 func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {

@@ -190,19 +190,19 @@ func (k *kernelTable) ruleEndpoints(f portal.Family, r *nftables.Rule) []netip.A
 		case *expr.Immediate:
 			imm = append(imm, e.Data)
 		case *expr.Lookup:
-			if els, ok := k.anon[e.SetName]; ok && e.IsDestRegSet && e.DestRegister != 0 {
-				var out []netip.AddrPort
-				for _, el := range els {
-					ff := portal.IPv4
-					if len(el.Val) > 8 {
-						ff = portal.IPv6
-					}
-					if ap, ok := decodeAddrPortVal(ff, el.Val); ok {
-						out = append(out, ap)
-					}
-				}
-				return out
+			if !strings.HasPrefix(e.SetName, "endpoints") || len(imm) != 1 {
+				continue
 			}
+			var out []netip.AddrPort
+			for _, el := range k.elems[e.SetName] {
+				if len(el.Key) < 4 || string(el.Key[:4]) != string(imm[0]) {
+					continue
+				}
+				if ap, ok := decodeAddrPortVal(f, el.Val); ok {
+					out = append(out, ap)
+				}
+			}
+			return out
 		}
 	}
 	if len(imm) == 2 {

@@ -88,3 +88,9 @@ func decodeAddrPortVal(f portal.Family, b []byte) (netip.AddrPort, bool) {
 	a, _ := netip.AddrFromSlice(b[:n])
 	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(b[n:])), true
 }
+
+// epKeyID encodes a chain id, the first half of an endpoint-map key.
+func epKeyID(id uint32) []byte { return binary.BigEndian.AppendUint32(nil, id) }
+
+// epKey encodes chain id . index (the index as numgen leaves it: host order).
+func epKey(id uint32, i int) []byte { return append(epKeyID(id), numgenKey(uint32(i))...) }

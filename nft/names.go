@@ -21,7 +21,6 @@ const (
 	chainServices       = "services"
 	chainNoEndpoints    = "noep-check"
 	chainReject         = "reject"
-	chainMasqOutside    = "masq-outside"
 )
 
 // fam returns the "4" or "6" suffix of family-specific objects.
@@ -38,6 +37,18 @@ func setNodePortIPs(f portal.Family) string   { return "nodeport-ips" + fam(f) }
 func setNoEndpoints(f portal.Family) string   { return "noep" + fam(f) }
 func setNoEndpointsNP(f portal.Family) string { return "noep-nodeports" + fam(f) }
 func setHairpin(f portal.Family) string       { return "hairpin" + fam(f) }
+func setClusterIPs(f portal.Family) string    { return "cluster-ips" + fam(f) }
+func setExtMarks(f portal.Family) string      { return "ext-marks" + fam(f) }
+func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
+
+// endpointShards spreads the endpoint maps: binding a rule to a data map
+// makes the kernel walk all of the map's elements, so a Service's rule must
+// not share one map with every other Service.
+const endpointShards = 64
+
+func setEndpoints(f portal.Family, id uint32) string {
+	return fmt.Sprintf("endpoints%s-%02d", fam(f), id%endpointShards)
+}
 
 // Per-portal chains are named kind<family>/<namespace>/<name>/<proto>/<port>,
 // readable in `nft list` and parsed back by dump-rules. Port names are DNS

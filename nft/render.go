@@ -10,10 +10,8 @@ import (
 // chainBody is the content of one per-portal chain, in a form that can be
 // compared with what was applied before.
 type chainBody struct {
-	// masqOutside jumps to masq-outside first (cluster-IP traffic from
-	// outside the cluster CIDRs is masqueraded).
-	masqOutside bool
-	// mark sets the masquerade bit (external traffic, Cluster policy).
+	// mark sets the masquerade bit (external traffic that needs its own
+	// chain).
 	mark bool
 	// endpoints are DNAT targets, picked at random; empty with gotoChain set
 	// means the chain only marks and continues there.
@@ -22,8 +20,7 @@ type chainBody struct {
 }
 
 func (b chainBody) equal(o chainBody) bool {
-	return b.masqOutside == o.masqOutside && b.mark == o.mark && b.gotoChain == o.gotoChain &&
-		slices.Equal(b.endpoints, o.endpoints)
+	return b.mark == o.mark && b.gotoChain == o.gotoChain && slices.Equal(b.endpoints, o.endpoints)
 }
 
 // elem is one element of a named set or map; chain is the goto target of a
@@ -40,62 +37,80 @@ func (e elem) id() string { return e.set + "\x00" + e.key }
 // objects is everything one portal puts into the table.
 type objects struct {
 	chains map[string]chainBody
-	elems  []elem
-	// hairpin are endpoint addresses that need hairpin masquerade.
-	hairpin []netip.Addr
+	// elems are owned by this portal alone (another portal claiming the
+	// same key is a conflict).
+	elems []elem
+	// shared are plain-set elements several portals may need (a cluster IP
+	// with several ports, an endpoint in several Services): reference counted.
+	shared []elem
 }
 
 // render computes the kernel objects for one portal. It is pure.
+//
+// Traffic to a cluster IP goes to the portal's svc chain, which DNATs to an
+// endpoint. External traffic under the Cluster policy goes there too, and is
+// marked for masquerade by the services chain through the ext-marks and
+// np-marks sets, so that it needs no chain of its own.
 func render(p *portal.Portal) *objects {
 	o := &objects{chains: map[string]chainBody{}}
 	k := p.Key
 	f := k.Family
 	svcChain := portalChain(kindService, k)
-	extChain := portalChain(kindExternal, k)
 
 	internal := p.ClusterEndpoints
 	if p.InternalLocal {
 		internal = p.LocalEndpoints
 	}
 	if len(internal) > 0 {
-		o.chains[svcChain] = chainBody{masqOutside: true, endpoints: internal}
+		o.chains[svcChain] = chainBody{endpoints: internal}
 	}
 	for _, ip := range p.ClusterIPs {
 		o.elems = append(o.elems, target(entryClusterIP, setVIPs(f), setNoEndpoints(f), vipKey(ip, k.Protocol, p.Port), svcChain, len(internal) > 0))
+		o.shared = append(o.shared, elem{set: setClusterIPs(f), key: string(addrBytes(ip))})
 	}
 
 	if p.HasExternal() {
 		external := p.ClusterEndpoints
+		extChain := svcChain
+		if p.InternalLocal && len(external) > 0 {
+			// The svc chain only reaches local endpoints; external traffic
+			// under the Cluster policy needs all of them.
+			extChain = portalChain(kindAll, k)
+			o.chains[extChain] = chainBody{endpoints: external}
+		}
 		hasEps := len(external) > 0
-		if hasEps {
-			if p.InternalLocal {
-				// The cluster-IP chain only reaches local endpoints; external
-				// traffic under the Cluster policy needs all of them.
-				all := portalChain(kindAll, k)
-				o.chains[all] = chainBody{endpoints: external}
-				o.chains[extChain] = chainBody{mark: true, gotoChain: all}
-			} else {
-				o.chains[extChain] = chainBody{mark: true, gotoChain: svcChain}
+		addExt := func(entry string, ip netip.Addr) {
+			key := vipKey(ip, k.Protocol, p.Port)
+			o.elems = append(o.elems, target(entry, setVIPs(f), setNoEndpoints(f), key, extChain, hasEps))
+			if hasEps {
+				o.elems = append(o.elems, elem{set: setExtMarks(f), key: string(key)})
 			}
 		}
 		for _, ip := range p.ExternalIPs {
-			o.elems = append(o.elems, target(entryExternalIP, setVIPs(f), setNoEndpoints(f), vipKey(ip, k.Protocol, p.Port), extChain, hasEps))
+			addExt(entryExternalIP, ip)
 		}
 		for _, ip := range p.LoadBalancerIPs {
-			o.elems = append(o.elems, target(entryLoadBalancer, setVIPs(f), setNoEndpoints(f), vipKey(ip, k.Protocol, p.Port), extChain, hasEps))
+			addExt(entryLoadBalancer, ip)
 		}
 		if p.NodePort != 0 {
-			o.elems = append(o.elems, target(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), protoPortKey(k.Protocol, p.NodePort), extChain, hasEps))
+			key := protoPortKey(k.Protocol, p.NodePort)
+			o.elems = append(o.elems, target(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), key, extChain, hasEps))
+			if hasEps {
+				o.elems = append(o.elems, elem{set: setNodePortMarks(f), key: string(key)})
+			}
 		}
 	}
+	var hairpin []netip.Addr
 	for _, ep := range p.ClusterEndpoints {
-		o.hairpin = append(o.hairpin, ep.Addr())
+		hairpin = append(hairpin, ep.Addr())
 	}
 	for _, ep := range p.LocalEndpoints {
-		o.hairpin = append(o.hairpin, ep.Addr())
+		hairpin = append(hairpin, ep.Addr())
 	}
-	slices.SortFunc(o.hairpin, netip.Addr.Compare)
-	o.hairpin = slices.Compact(o.hairpin)
+	slices.SortFunc(hairpin, netip.Addr.Compare)
+	for _, a := range slices.Compact(hairpin) {
+		o.shared = append(o.shared, elem{set: setHairpin(f), key: string(pairKey(a, a))})
+	}
 	return o
 }
 

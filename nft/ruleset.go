@@ -32,8 +32,16 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setNodePorts(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNoEndpointsNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNodePortIPs(f), KeyType: addrType(f)},
+			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
+			&nftables.Set{Table: t, Name: setExtMarks(f), Concatenation: true, KeyType: vipType},
+			&nftables.Set{Table: t, Name: setNodePortMarks(f), Concatenation: true, KeyType: ppType},
 			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
 		)
+		for i := uint32(0); i < endpointShards; i++ {
+			sets = append(sets, &nftables.Set{Table: t, Name: setEndpoints(f, i), IsMap: true, Concatenation: true,
+				KeyType:  nftables.MustConcatSetType(nftables.TypeInteger, nftables.TypeInteger),
+				DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)})
+		}
 	}
 	return sets
 }
@@ -54,7 +62,7 @@ var baseChains = []chainSpec{
 	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, -10},
 }
 
-var regularChains = []string{chainServices, chainNoEndpoints, chainReject, chainMasqOutside}
+var regularChains = []string{chainServices, chainNoEndpoints, chainReject}
 
 // fixedRules returns the rules of the fixed chains, by chain name, in order.
 func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
@@ -71,10 +79,18 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 	var services, check [][]expr.Any
 	for _, f := range families {
 		fm := matchFamily(f)
-		services = append(services, cat(fm, loadVIPKey(f), []expr.Any{vmap(setVIPs(f))}))
-		check = append(check, cat(fm, loadVIPKey(f), []expr.Any{vmap(setNoEndpoints(f))}))
+		if m := masqOutsideRule(cfg, f); m != nil {
+			services = append(services, cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false)}, m))
+		}
+		vip := cat(fm, loadVIPKey(f))
+		services = append(services,
+			cat(vip, []expr.Any{lookup(setExtMarks(f), false)}, setMarkBits(mark)),
+			cat(vip, []expr.Any{vmap(setVIPs(f))}))
+		check = append(check, cat(vip, []expr.Any{vmap(setNoEndpoints(f))}))
 		np := cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setNodePortIPs(f), false)}, loadProtoPort(unix.NFT_REG32_00))
-		services = append(services, cat(np, []expr.Any{vmap(setNodePorts(f))}))
+		services = append(services,
+			cat(np, []expr.Any{lookup(setNodePortMarks(f), false)}, setMarkBits(mark)),
+			cat(np, []expr.Any{vmap(setNodePorts(f))}))
 		check = append(check, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
 	}
 	r[chainServices] = services
@@ -84,22 +100,6 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 		{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},
 	}
 
-	var masq [][]expr.Any
-	if cfg.MasqueradeAll {
-		masq = append(masq, setMarkBits(mark))
-	} else if len(cfg.ClusterCIDRs) > 0 {
-		for _, p := range cfg.ClusterCIDRs {
-			f := portal.FamilyOf(p.Addr())
-			masq = append(masq, cat(matchFamily(f), matchPrefix(f, false, p), []expr.Any{verdict(expr.VerdictReturn, "")}))
-		}
-		for _, f := range families {
-			if hasFamily(cfg.ClusterCIDRs, f) {
-				masq = append(masq, cat(matchFamily(f), setMarkBits(mark)))
-			}
-		}
-	}
-	r[chainMasqOutside] = masq
-
 	post := [][]expr.Any{cat(matchMarkBits(mark), clearMarkBits(mark), []expr.Any{masquerade()})}
 	for _, f := range families {
 		post = append(post, cat(matchFamily(f), matchCtStatus(ipsDstNAT),
@@ -107,6 +107,27 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 	}
 	r[chainNatPostrouting] = post
 	return r
+}
+
+// masqOutsideRule marks cluster-IP traffic of family f from outside the
+// cluster CIDRs for masquerade (every packet with MasqueradeAll). It is
+// inline, without a jump, so that rewriting a Service chain never makes the
+// kernel re-validate the whole ruleset. nil when nothing is to be marked.
+func masqOutsideRule(cfg dataplane.Config, f portal.Family) []expr.Any {
+	mark := setMarkBits(cfg.MasqueradeMark())
+	if cfg.MasqueradeAll {
+		return mark
+	}
+	if !hasFamily(cfg.ClusterCIDRs, f) {
+		return nil
+	}
+	var r []expr.Any
+	for _, p := range cfg.ClusterCIDRs {
+		if portal.FamilyOf(p.Addr()) == f {
+			r = append(r, matchPrefix(f, false, p, expr.CmpOpNeq)...)
+		}
+	}
+	return append(r, mark...)
 }
 
 func hasFamily(ps []netip.Prefix, f portal.Family) bool {
@@ -118,8 +139,8 @@ func hasFamily(ps []netip.Prefix, f portal.Family) bool {
 	return false
 }
 
-// matchPrefix: ip saddr|daddr within p.
-func matchPrefix(f portal.Family, dst bool, p netip.Prefix) []expr.Any {
+// matchPrefix: ip saddr|daddr within p (op eq) or outside it (op neq).
+func matchPrefix(f portal.Family, dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	p = p.Masked()
 	n := addrLen(f)
 	mask := make([]byte, n)
@@ -129,7 +150,7 @@ func matchPrefix(f portal.Family, dst bool, p netip.Prefix) []expr.Any {
 	return []expr.Any{
 		loadAddr(f, dst, reg1),
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(n), Mask: mask, Xor: make([]byte, n)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addrBytes(p.Addr())},
+		&expr.Cmp{Op: op, Register: reg1, Data: addrBytes(p.Addr())},
 	}
 }
 

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/netip"
@@ -32,11 +33,16 @@ func (k *kernelTable) render() string {
 	}
 	for _, s := range fixedSets(&nftables.Table{Name: TableName}) {
 		els := k.elems[s.Name]
+		if len(els) == 0 && strings.HasPrefix(s.Name, "endpoints") {
+			continue // empty shards
+		}
 		fmt.Fprintf(&b, "\nset %s (%d)\n", s.Name, len(els))
 		for _, el := range els {
 			fmt.Fprintf(&b, "  %s", decodeElemKey(s.Name, el.Key))
 			if el.VerdictData != nil {
 				fmt.Fprintf(&b, " : %s", verdictString(el.VerdictData))
+			} else if len(el.Val) > 0 {
+				fmt.Fprintf(&b, " : %s", decodeElemVal(setFamily(s.Name), el.Val))
 			}
 			if el.Comment != "" {
 				fmt.Fprintf(&b, "  # %s", el.Comment)
@@ -45,6 +51,20 @@ func (k *kernelTable) render() string {
 		}
 	}
 	return b.String()
+}
+
+func setFamily(set string) portal.Family {
+	if strings.HasSuffix(set, "6") {
+		return portal.IPv6
+	}
+	return portal.IPv4
+}
+
+func decodeElemVal(fm portal.Family, v []byte) string {
+	if ap, ok := decodeAddrPortVal(fm, v); ok {
+		return ap.String()
+	}
+	return "0x" + hex.EncodeToString(v)
 }
 
 func decodeElemKey(set string, key []byte) string {
@@ -64,6 +84,10 @@ func decodeElemKey(set string, key []byte) string {
 	case strings.HasPrefix(set, "nodeport-ips"):
 		if a, ok := netip.AddrFromSlice(key); ok {
 			return a.String()
+		}
+	case strings.HasPrefix(set, "endpoints"):
+		if len(key) == 8 {
+			return fmt.Sprintf("%d . %d", binary.BigEndian.Uint32(key), binaryutil.NativeEndian.Uint32(key[4:]))
 		}
 	case strings.HasPrefix(set, "hairpin"):
 		n := len(key) / 2

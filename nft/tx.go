@@ -5,17 +5,28 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
 )
 
-// elemChunk bounds the elements per netlink message (attribute lengths are
-// 16 bits).
-const elemChunk = 1024
+// elemChunkBytes bounds the size of the element list in one netlink
+// message: a nested attribute's length is 16 bits, and an overflow would
+// silently truncate the list.
+const elemChunkBytes = 48 << 10
+
+func elemSize(e nftables.SetElement) int {
+	n := len(e.Key) + len(e.Val) + len(e.Comment) + 48
+	if e.VerdictData != nil {
+		n += len(e.VerdictData.Chain) + 24
+	}
+	return n
+}
 
 // tx collects one sync's changes: kernel operations in the order the kernel
 // needs them, and the in-memory state to adopt if the kernel accepts them.
@@ -26,13 +37,14 @@ type tx struct {
 
 	services  map[portal.ServiceKey]*appliedService // nil value: deleted
 	owners    map[string]*portal.PortKey            // nil value: released
-	hairpinD  map[netip.Addr]int
+	refD      map[string]int                        // shared element id -> change of its reference count
 	npIPs     []netip.Addr
 	npChanged bool
 
 	newChains []string
 	bodies    map[string]chainBody
-	rewrite   map[string]bool // existing chains whose rules are replaced
+	oldBodies map[string]chainBody // of rewritten and deleted chains
+	rewrite   map[string]bool      // existing chains whose rules are replaced
 	delChains []string
 	addElems  map[string][]nftables.SetElement
 	delElems  map[string][]nftables.SetElement
@@ -44,13 +56,14 @@ type tx struct {
 func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
 	return &tx{
 		b: b, conn: conn, full: full,
-		services: map[portal.ServiceKey]*appliedService{},
-		owners:   map[string]*portal.PortKey{},
-		hairpinD: map[netip.Addr]int{},
-		bodies:   map[string]chainBody{},
-		rewrite:  map[string]bool{},
-		addElems: map[string][]nftables.SetElement{},
-		delElems: map[string][]nftables.SetElement{},
+		services:  map[portal.ServiceKey]*appliedService{},
+		owners:    map[string]*portal.PortKey{},
+		refD:      map[string]int{},
+		bodies:    map[string]chainBody{},
+		oldBodies: map[string]chainBody{},
+		rewrite:   map[string]bool{},
+		addElems:  map[string][]nftables.SetElement{},
+		delElems:  map[string][]nftables.SetElement{},
 	}
 }
 
@@ -128,6 +141,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	for name := range o.chains {
 		if _, ok := n.chains[name]; !ok {
 			t.delChains = append(t.delChains, name)
+			t.oldBodies[name] = o.chains[name]
 			changed = true
 		}
 	}
@@ -138,8 +152,13 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			t.newChains = append(t.newChains, name)
 			t.bodies[name] = body
 			changed = true
-		case !ob.equal(body):
+		case ob.equal(body):
+		case ob.sameShape(body):
+			t.updateEndpoints(name, ob, body)
+			changed = true
+		default:
 			t.rewrite[name] = true
+			t.oldBodies[name] = ob
 			t.bodies[name] = body
 			changed = true
 		}
@@ -178,11 +197,11 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 		t.owners[e.id()] = &key
 		changed = true
 	}
-	for _, a := range o.hairpin {
-		t.hairpinD[a]--
+	for _, e := range o.shared {
+		t.refD[e.id()]--
 	}
-	for _, a := range n.hairpin {
-		t.hairpinD[a]++
+	for _, e := range n.shared {
+		t.refD[e.id()]++
 	}
 	if changed {
 		t.stats.Changed++
@@ -270,25 +289,24 @@ func (t *tx) addRules(chain string, rules [][]expr.Any) {
 	}
 }
 
-// chainRules writes the rules of a per-portal chain.
-func (t *tx) chainRules(name string, body chainBody) error {
+// chainRules writes the rules of a per-portal chain, and its endpoints
+// into the family's endpoint map.
+func (t *tx) chainRules(name string, body chainBody) {
 	ch := &nftables.Chain{Name: name, Table: t.b.table}
 	tb := t.b.table
 	add := func(e []expr.Any) {
 		t.conn.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: e})
 		t.stats.Messages++
 	}
-	if body.masqOutside {
-		add([]expr.Any{verdict(expr.VerdictJump, chainMasqOutside)})
-	}
-	if body.mark {
-		add(setMarkBits(t.b.cfg.MasqueradeMark()))
-	}
 	if body.gotoChain != "" {
-		add([]expr.Any{counter(), verdict(expr.VerdictGoto, body.gotoChain)})
+		var mark []expr.Any
+		if body.mark {
+			mark = setMarkBits(t.b.cfg.MasqueradeMark())
+		}
+		add(cat(mark, []expr.Any{counter(), verdict(expr.VerdictGoto, body.gotoChain)}))
 	}
 	if len(body.endpoints) == 0 {
-		return nil
+		return
 	}
 	f := portal.FamilyOf(body.endpoints[0].Addr())
 	n := addrLen(f)
@@ -299,23 +317,52 @@ func (t *tx) chainRules(name string, body chainBody) error {
 			&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
 			&expr.Immediate{Register: reg32After(n), Data: portBytes(ep.Port())},
 			dnat})
-		return nil
+		return
 	}
-	set := &nftables.Set{Table: tb, Anonymous: true, Constant: true, IsMap: true,
-		KeyType: nftables.TypeInteger, DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)}
-	elems := make([]nftables.SetElement, len(body.endpoints))
-	for i, ep := range body.endpoints {
-		elems[i] = nftables.SetElement{Key: numgenKey(uint32(i)), Val: addrPortVal(ep)}
-	}
-	if err := t.conn.AddSet(set, elems); err != nil {
-		return fmt.Errorf("chain %s: endpoint map: %w", name, err)
-	}
-	t.stats.Messages += 2
+	// dnat to chain-id . numgen random mod N map @endpoints<f>
+	id := t.b.chainID(name)
 	add([]expr.Any{counter(),
-		&expr.Numgen{Register: reg1, Modulus: uint32(len(body.endpoints)), Type: 1 /* NFT_NG_RANDOM */},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: set.Name, SetID: set.ID},
+		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+		&expr.Numgen{Register: reg32After(4), Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
 		dnat})
-	return nil
+	s := setEndpoints(f, id)
+	for i, ep := range body.endpoints {
+		t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+	}
+}
+
+// dropEndpoints deletes the endpoint-map elements of a chain's old body.
+func (t *tx) dropEndpoints(name string, old chainBody) {
+	if len(old.endpoints) < 2 {
+		return
+	}
+	id := t.b.chainID(name)
+	s := setEndpoints(portal.FamilyOf(old.endpoints[0].Addr()), id)
+	for i := range old.endpoints {
+		t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
+	}
+}
+
+// sameShape reports whether b can become o by changing endpoint-map
+// elements only: the same rules, the same number (2 or more) of endpoints.
+func (b chainBody) sameShape(o chainBody) bool {
+	return b.mark == o.mark && b.gotoChain == o.gotoChain &&
+		len(b.endpoints) == len(o.endpoints) && len(b.endpoints) >= 2
+}
+
+// updateEndpoints replaces the endpoint-map elements that differ: the
+// most common change (a pod replaced) touches no rule.
+func (t *tx) updateEndpoints(name string, old, body chainBody) {
+	id := t.b.chainID(name)
+	s := setEndpoints(portal.FamilyOf(body.endpoints[0].Addr()), id)
+	for i, ep := range body.endpoints {
+		if old.endpoints[i] == ep {
+			continue
+		}
+		t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
+		t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+	}
 }
 
 func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
@@ -326,8 +373,15 @@ func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
 	sort.Strings(names)
 	for _, s := range names {
 		els := m[s]
-		for i := 0; i < len(els); i += elemChunk {
-			chunk := els[i:min(i+elemChunk, len(els))]
+		for len(els) > 0 {
+			n, size := 0, 0
+			for n < len(els) && size+elemSize(els[n]) <= elemChunkBytes {
+				size += elemSize(els[n])
+				n++
+			}
+			n = max(n, 1)
+			chunk := els[:n]
+			els = els[n:]
 			var err error
 			if add {
 				err = t.conn.SetAddElements(t.b.sets[s], chunk)
@@ -346,22 +400,22 @@ func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
 // commit sends the transaction and, when the kernel accepts it, adopts the
 // new state in memory.
 func (t *tx) commit() (dataplane.SyncStats, error) {
-	// Hairpin set: elements whose reference count crosses zero.
-	for a, d := range t.hairpinD {
+	// Shared elements: added or deleted when their count crosses zero.
+	for id, d := range t.refD {
 		if d == 0 {
 			continue
 		}
 		before := 0
 		if !t.full {
-			before = t.b.hairpin[a]
+			before = t.b.refs[id]
 		}
 		after := before + d
-		s := setHairpin(portal.FamilyOf(a))
+		set, key, _ := strings.Cut(id, "\x00")
 		switch {
 		case before <= 0 && after > 0:
-			t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: pairKey(a, a)})
+			t.addElems[set] = append(t.addElems[set], nftables.SetElement{Key: []byte(key)})
 		case before > 0 && after <= 0:
-			t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: pairKey(a, a)})
+			t.delElems[set] = append(t.delElems[set], nftables.SetElement{Key: []byte(key)})
 		}
 	}
 
@@ -379,10 +433,13 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		if t.rewrite[name] {
 			t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
 			t.stats.Messages++
+			t.dropEndpoints(name, t.oldBodies[name])
 		}
-		if err := t.chainRules(name, t.bodies[name]); err != nil {
-			return t.stats, err
-		}
+		t.chainRules(name, t.bodies[name])
+	}
+	for _, name := range t.delChains {
+		t.dropEndpoints(name, t.oldBodies[name])
+		t.b.releaseID(name)
 	}
 	if err := t.setElems(t.delElems, false); err != nil {
 		return t.stats, err
@@ -428,11 +485,11 @@ func (t *tx) adopt() {
 			b.owners[id] = *o
 		}
 	}
-	for a, d := range t.hairpinD {
-		if n := b.hairpin[a] + d; n > 0 {
-			b.hairpin[a] = n
+	for id, d := range t.refD {
+		if n := b.refs[id] + d; n > 0 {
+			b.refs[id] = n
 		} else {
-			delete(b.hairpin, a)
+			delete(b.refs, id)
 		}
 	}
 	if t.npChanged {

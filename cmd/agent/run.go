@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/portal"
+)
+
+// runFlags are `agent run`'s settings: flags (named as kube-proxy's where
+// one exists) over the --config file over defaults.
+type runFlags struct {
+	config           string
+	kubeconfig       string
+	master           string
+	hostname         string
+	clusterCIDR      string
+	serviceCIDR      string
+	nodePortAddrs    string
+	externalIPCIDRs  string
+	minSyncPeriod    time.Duration
+	syncPeriod       time.Duration
+	masqueradeAll    bool
+	masqueradeBit    int
+	healthzAddr      string
+	metricsAddr      string
+	dataplane        string
+	ipvsScheduler    string
+	serviceProxyName string
+	srcRangesOnNP    bool
+	profiling        bool
+	verbosity        int
+	logFormat        string
+	qps              float64
+	burst            int
+
+	external json.RawMessage // the config file's external section
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "a KubeProxyConfiguration file (kubeadm's kube-proxy ConfigMap), optionally followed by an OnehopConfiguration document")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	fs.StringVar(&f.master, "master", "", "the Kubernetes API server address (overrides the kubeconfig)")
+	fs.StringVar(&f.hostname, "hostname-override", "", "this node's name, when it is not the hostname")
+	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "", "comma-separated pod CIDRs; traffic to cluster IPs from outside them is masqueraded")
+	fs.StringVar(&f.serviceCIDR, "service-cidr", "", "comma-separated service CIDRs; endpoints inside them are refused")
+	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs selecting the node addresses NodePorts are served on (default: the node's primary IPs; \"primary\" says so explicitly)")
+	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
+	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", time.Second, "least time between syncs; bursts of changes are batched")
+	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "most time between syncs")
+	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic to Services")
+	fs.IntVar(&f.masqueradeBit, "masquerade-bit", 14, "the packet mark bit (0-31) that requests masquerade")
+	fs.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty disables")
+	fs.StringVar(&f.dataplane, "dataplane", "nft", "the dataplane: nft or ipvs")
+	fs.StringVar(&f.ipvsScheduler, "ipvs-scheduler", "rr", "the IPVS scheduler (ipvs dataplane)")
+	fs.StringVar(&f.serviceProxyName, "service-proxy-name", "", "serve only Services labelled service.kubernetes.io/service-proxy-name with this value")
+	fs.BoolVar(&f.srcRangesOnNP, "source-ranges-on-nodeports", false, "apply loadBalancerSourceRanges to NodePorts too")
+	fs.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof on the metrics address")
+	fs.IntVar(&f.verbosity, "v", 0, "log verbosity; 2 logs every sync")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	fs.Float64Var(&f.qps, "kube-api-qps", 50, "QPS towards the API server")
+	fs.IntVar(&f.burst, "kube-api-burst", 100, "burst towards the API server")
+}
+
+// applyFile fills every setting the command line did not set from the file.
+func (f *runFlags) applyFile(fc *fileConfig, set map[string]bool) {
+	str := func(name string, dst *string, v *string) {
+		if !set[name] && v != nil {
+			*dst = *v
+		}
+	}
+	str("hostname-override", &f.hostname, fc.HostnameOverride)
+	str("healthz-bind-address", &f.healthzAddr, fc.HealthzBindAddress)
+	str("metrics-bind-address", &f.metricsAddr, fc.MetricsBindAddress)
+	str("dataplane", &f.dataplane, fc.Dataplane)
+	str("ipvs-scheduler", &f.ipvsScheduler, fc.IPVSScheduler)
+	str("kubeconfig", &f.kubeconfig, fc.Kubeconfig)
+	str("service-proxy-name", &f.serviceProxyName, fc.ServiceProxyName)
+	str("log-format", &f.logFormat, fc.LogFormat)
+	prefixes := func(name string, dst *string, v []netip.Prefix) {
+		if !set[name] && len(v) > 0 {
+			s := make([]string, len(v))
+			for i, p := range v {
+				s[i] = p.String()
+			}
+			*dst = strings.Join(s, ",")
+		}
+	}
+	prefixes("cluster-cidr", &f.clusterCIDR, fc.ClusterCIDRs)
+	prefixes("nodeport-addresses", &f.nodePortAddrs, fc.NodePortCIDRs)
+	prefixes("external-ip-cidrs", &f.externalIPCIDRs, fc.ExternalIPCIDRs)
+	if !set["profiling"] && fc.Profiling != nil {
+		f.profiling = *fc.Profiling
+	}
+	if !set["masquerade-all"] && fc.MasqueradeAll != nil {
+		f.masqueradeAll = *fc.MasqueradeAll
+	}
+	if !set["masquerade-bit"] && fc.MasqueradeBit != nil {
+		f.masqueradeBit = int(*fc.MasqueradeBit)
+	}
+	if !set["sync-period"] && fc.SyncPeriod != nil {
+		f.syncPeriod = *fc.SyncPeriod
+	}
+	if !set["min-sync-period"] && fc.MinSyncPeriod != nil {
+		f.minSyncPeriod = *fc.MinSyncPeriod
+	}
+	if !set["source-ranges-on-nodeports"] && fc.SourceRangesOnNodePorts != nil {
+		f.srcRangesOnNP = *fc.SourceRangesOnNodePorts
+	}
+	if !set["v"] && fc.LogVerbosity != nil {
+		f.verbosity = int(*fc.LogVerbosity)
+	}
+	if !set["kube-api-qps"] && fc.QPS != nil {
+		f.qps = float64(*fc.QPS)
+	}
+	if !set["kube-api-burst"] && fc.Burst != nil {
+		f.burst = int(*fc.Burst)
+	}
+	f.external = fc.External
+}
+
+func parsePrefixes(flagName, s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" || part == "primary" && flagName == "nodeport-addresses" {
+			continue
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %q is not a CIDR", flagName, part)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func parseRunFlags(args []string, stderr io.Writer) (*runFlags, []string, error) {
+	f := &runFlags{}
+	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var warnings []string
+	if f.config != "" {
+		fc, w, err := loadConfigFile(f.config)
+		if err != nil {
+			return nil, nil, err
+		}
+		warnings = w
+		set := map[string]bool{}
+		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+		f.applyFile(fc, set)
+	}
+	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
+		return nil, nil, fmt.Errorf("--masquerade-bit %d: must be 0..31", f.masqueradeBit)
+	}
+	if f.dataplane != "nft" && f.dataplane != "ipvs" {
+		return nil, nil, fmt.Errorf("--dataplane %q: must be nft or ipvs", f.dataplane)
+	}
+	return f, warnings, nil
+}
+
+func nodeName(override string) (string, error) {
+	name := override
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("no --hostname-override and no hostname: %w", err)
+		}
+		name = h
+	}
+	return strings.ToLower(strings.TrimSpace(name)), nil
+}
+
+func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
+	f, warnings, err := parseRunFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	log := newLogger(stderr, f.verbosity, f.logFormat)
+	for _, w := range warnings {
+		log.Warn("config file", "path", f.config, "warning", w)
+	}
+	node, err := nodeName(f.hostname)
+	if err != nil {
+		return err
+	}
+	clusterCIDRs, err := parsePrefixes("cluster-cidr", f.clusterCIDR)
+	if err != nil {
+		return err
+	}
+	serviceCIDRs, err := parsePrefixes("service-cidr", f.serviceCIDR)
+	if err != nil {
+		return err
+	}
+	npCIDRs, err := parsePrefixes("nodeport-addresses", f.nodePortAddrs)
+	if err != nil {
+		return err
+	}
+	extCIDRs, err := parsePrefixes("external-ip-cidrs", f.externalIPCIDRs)
+	if err != nil {
+		return err
+	}
+
+	rc, err := clientcmd.BuildConfigFromFlags(f.master, f.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("API server configuration: %w", err)
+	}
+	rc.QPS, rc.Burst = float32(f.qps), f.burst
+	rc.UserAgent = "onehop-agent/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+
+	dpCfg := dataplane.Config{ClusterCIDRs: clusterCIDRs, MasqueradeAll: f.masqueradeAll,
+		MasqueradeBit: uint(f.masqueradeBit), SourceRangesOnNodePorts: f.srcRangesOnNP}
+	dp, err := newDataplane(f.dataplane, dpCfg, f.ipvsScheduler, log)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	metrics := dataplane.NewMetrics(reg)
+	var health *dataplane.HealthServer
+	if f.healthzAddr != "" {
+		health = dataplane.NewHealthServer(f.healthzAddr, f.syncPeriod, nil)
+		health.SetMetrics(metrics)
+		go func() {
+			if err := health.Run(ctx); err != nil {
+				log.Error("healthz server stopped", "addr", f.healthzAddr, "err", err)
+			}
+		}()
+	}
+	if f.metricsAddr != "" {
+		go func() {
+			if err := metrics.Serve(ctx, f.metricsAddr, reg, f.profiling); err != nil {
+				log.Error("metrics server stopped", "addr", f.metricsAddr, "err", err)
+			}
+		}()
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "onehop-agent", Host: node})
+
+	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
+		NodePortCIDRs: npCIDRs, ServiceProxyName: f.serviceProxyName}
+	var runner *dataplane.Runner
+	tracker := portal.NewTracker(pcfg, &portal.EventReporter{Recorder: recorder, Log: log},
+		func() {
+			if runner != nil {
+				runner.Trigger()
+			}
+		})
+	runner = dataplane.NewRunner(dp, tracker, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod},
+		log, health, metrics)
+	if health != nil {
+		runner.OnApplied(func(*portal.Snapshot) {
+			n := tracker.Node()
+			if n == nil {
+				return
+			}
+			health.SyncNode(n.DeletionTimestamp != nil, hasTaint(n, "ToBeDeletedByClusterAutoscaler"))
+		})
+	}
+
+	if len(f.external) > 0 && string(f.external) != "null" {
+		var ec external.Config
+		if err := json.Unmarshal(f.external, &ec); err != nil {
+			return fmt.Errorf("%s: external section: %w", f.config, err)
+		}
+		if len(ec.ExternalIPCIDRs) == 0 {
+			for _, p := range extCIDRs {
+				ec.ExternalIPCIDRs = append(ec.ExternalIPCIDRs, p.String())
+			}
+		}
+		hook, err := external.New(ec, client, node, log)
+		if err != nil {
+			return fmt.Errorf("%s: external section: %w", f.config, err)
+		}
+		runner.OnApplied(hook.Programmed)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := hook.Run(ctx); err != nil {
+				log.Error("cloud hook stopped", "err", err)
+			}
+		}()
+		defer func() { <-done }() // withdraw announcements before exiting
+	}
+
+	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName}
+	synced, err := src.Start(ctx, tracker)
+	if err != nil {
+		return err
+	}
+	log.Info("onehop agent starting", "version", version, "node", node, "dataplane", dp.Name(),
+		"cluster_cidrs", f.clusterCIDR, "external_ip_cidrs", f.externalIPCIDRs)
+	// The existing ruleset keeps serving until the informers have listed
+	// everything: the first sync then replaces it in one transaction.
+	if err := portal.WaitForSync(ctx, synced); err != nil {
+		return err
+	}
+	runner.Run(ctx)
+	log.Info("onehop agent stopping; rules stay in place (agent cleanup removes them)")
+	return nil
+}
+
+func hasTaint(n *v1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,186 @@
+package dataplane
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// SnapshotSource produces desired state; portal.Tracker is one.
+type SnapshotSource interface {
+	// Snapshot returns the desired state and the trigger times of the
+	// endpoint changes it contains.
+	Snapshot() (*portal.Snapshot, []time.Time)
+}
+
+// RunnerConfig paces the Runner.
+type RunnerConfig struct {
+	// MinSyncPeriod is the least time between two syncs: changes arriving
+	// faster are batched into one. 0 syncs as soon as a change arrives.
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the most time between two syncs (default 30s).
+	SyncPeriod time.Duration
+	// FullSyncPeriod is how often the whole ruleset is rewritten even when
+	// nothing seems wrong (default 1h).
+	FullSyncPeriod time.Duration
+	// CheckPeriod is how often the kernel is checked for changes made by
+	// someone else (default 1s).
+	CheckPeriod time.Duration
+	// MaxBackoff bounds the wait before retrying a failed sync (default 30s).
+	MaxBackoff time.Duration
+}
+
+func (c *RunnerConfig) defaults() {
+	if c.SyncPeriod <= 0 {
+		c.SyncPeriod = 30 * time.Second
+	}
+	if c.FullSyncPeriod <= 0 {
+		c.FullSyncPeriod = time.Hour
+	}
+	if c.CheckPeriod <= 0 {
+		c.CheckPeriod = time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+}
+
+// Runner keeps a Dataplane in step with a SnapshotSource.
+type Runner struct {
+	dp      Dataplane
+	src     SnapshotSource
+	cfg     RunnerConfig
+	log     *slog.Logger
+	health  *HealthServer
+	metrics *Metrics
+	trigger chan struct{}
+
+	mu        sync.Mutex
+	onApplied []func(*portal.Snapshot)
+}
+
+// NewRunner returns a Runner; health and metrics may be nil.
+func NewRunner(dp Dataplane, src SnapshotSource, cfg RunnerConfig, log *slog.Logger, health *HealthServer, metrics *Metrics) *Runner {
+	cfg.defaults()
+	return &Runner{dp: dp, src: src, cfg: cfg, log: log, health: health, metrics: metrics, trigger: make(chan struct{}, 1)}
+}
+
+// Trigger asks for a sync soon. It never blocks; use it as the Tracker's notify.
+func (r *Runner) Trigger() {
+	if r.health != nil {
+		r.health.QueuedUpdate()
+	}
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// OnApplied registers fn to be called after every successful sync with the
+// snapshot that is now in the kernel. fn runs on the sync goroutine and must
+// not keep snap.Services after it returns.
+func (r *Runner) OnApplied(fn func(*portal.Snapshot)) {
+	r.mu.Lock()
+	r.onApplied = append(r.onApplied, fn)
+	r.mu.Unlock()
+}
+
+// Run syncs until ctx ends. The first sync is full; later ones send only
+// changes, unless the previous failed, the kernel was changed behind our
+// back, or FullSyncPeriod has passed.
+func (r *Runner) Run(ctx context.Context) {
+	full := true
+	var lastSync, lastFull time.Time
+	backoff := time.Duration(0)
+	check := time.NewTicker(r.cfg.CheckPeriod)
+	defer check.Stop()
+	periodic := time.NewTimer(0) // first sync at once
+	defer periodic.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.trigger:
+		case <-periodic.C:
+		case <-check.C:
+			if full {
+				break // a full sync is due anyway
+			}
+			if err := r.dp.Check(ctx); err != nil {
+				r.log.Warn("kernel state changed behind onehop's back; rewriting it", "backend", r.dp.Name(), "err", err)
+				full = true
+				break
+			}
+			continue
+		}
+		if wait := r.cfg.MinSyncPeriod - time.Since(lastSync); wait > 0 {
+			if !sleep(ctx, wait) {
+				return
+			}
+		}
+		if backoff > 0 && !sleep(ctx, backoff) {
+			return
+		}
+		if time.Since(lastFull) > r.cfg.FullSyncPeriod {
+			full = true
+		}
+		err := r.SyncOnce(ctx, full)
+		lastSync = time.Now()
+		if err != nil {
+			full = true
+			backoff = min(max(2*backoff, 500*time.Millisecond), r.cfg.MaxBackoff)
+			r.log.Error("sync failed; retrying with a full sync", "backend", r.dp.Name(), "retry_in", backoff, "err", err)
+			periodic.Reset(0)
+			continue
+		}
+		if full {
+			lastFull = lastSync
+		}
+		full, backoff = false, 0
+		periodic.Reset(r.cfg.SyncPeriod)
+	}
+}
+
+// SyncOnce takes a snapshot and applies it.
+func (r *Runner) SyncOnce(ctx context.Context, full bool) error {
+	snap, triggers := r.src.Snapshot()
+	stats, err := r.dp.Sync(ctx, snap, full)
+	r.metrics.ObserveSync(stats, err)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelDebug
+	if stats.Full || stats.Changed > 0 {
+		level = slog.LevelInfo
+	}
+	r.log.Log(ctx, level, "synced", "backend", r.dp.Name(), "full", stats.Full, "services", stats.Services,
+		"changed_portals", stats.Changed, "messages", stats.Messages, "elements", stats.Elements, "duration", stats.Duration)
+	now := time.Now()
+	for _, t := range triggers {
+		r.metrics.ObserveProgramming(now.Sub(t))
+	}
+	if r.health != nil {
+		r.health.Updated()
+	}
+	r.mu.Lock()
+	fns := r.onApplied
+	r.mu.Unlock()
+	for _, fn := range fns {
+		fn(snap)
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,218 @@
+package portal
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// Skip reports why onehop does not serve svc at all ("" when it does).
+func (c *Config) Skip(svc *v1.Service) string {
+	if name, ok := svc.Labels[LabelServiceProxyName]; ok && name != c.ServiceProxyName {
+		return "served by proxy " + name
+	} else if !ok && c.ServiceProxyName != "" {
+		return "not labelled for proxy " + c.ServiceProxyName
+	}
+	if svc.Spec.Type == v1.ServiceTypeExternalName {
+		return "ExternalName"
+	}
+	if svc.Spec.ClusterIP == v1.ClusterIPNone || svc.Spec.ClusterIP == "" {
+		return "headless"
+	}
+	return ""
+}
+
+// Build turns a Service and its EndpointSlices into desired portals. It
+// never fails: bad values are left out and reported as Problems. It returns
+// nil when the Service is not served (headless, ExternalName, another proxy's).
+func (c *Config) Build(svc *v1.Service, slices []*discovery.EndpointSlice) (*Service, []Problem) {
+	if c.Skip(svc) != "" {
+		return nil, nil
+	}
+	key := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	b := builder{cfg: c, svc: svc, key: key}
+	out := &Service{Key: key}
+	vips := b.clusterIPs()
+	ext := b.externalIPs()
+	lbs := b.ingressIPs()
+	for i := range svc.Spec.Ports {
+		sp := &svc.Spec.Ports[i]
+		proto, ok := ParseProtocol(string(sp.Protocol))
+		if sp.Protocol == "" {
+			proto, ok = TCP, true
+		}
+		if !ok {
+			b.problem(ReasonInvalidPort, "port %q: unknown protocol %q", sp.Name, sp.Protocol)
+			continue
+		}
+		if sp.Port <= 0 || sp.Port > 65535 {
+			b.problem(ReasonInvalidPort, "port %q: %d is not a valid port", sp.Name, sp.Port)
+			continue
+		}
+		nodePort := uint16(0)
+		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+			if sp.NodePort > 0 && sp.NodePort <= 65535 {
+				nodePort = uint16(sp.NodePort)
+			} else if sp.NodePort != 0 {
+				b.problem(ReasonInvalidPort, "port %q: node port %d is not a valid port", sp.Name, sp.NodePort)
+			}
+		}
+		for _, f := range []Family{IPv4, IPv6} {
+			if len(vips[f]) == 0 {
+				continue
+			}
+			p := &Portal{
+				Key:             PortKey{Service: key, Port: sp.Name, Protocol: proto, Family: f},
+				Port:            uint16(sp.Port),
+				ClusterIPs:      vips[f],
+				NodePort:        nodePort,
+				ExternalIPs:     ext[f],
+				LoadBalancerIPs: lbs[f],
+				ExternalLocal:   svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal && (nodePort != 0 || len(ext[f]) > 0 || len(lbs[f]) > 0),
+				InternalLocal:   svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+			}
+			if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+				p.SourceRanges = b.sourceRanges(f)
+				if p.ExternalLocal && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+					p.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
+				}
+			}
+			if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+				p.Affinity.TimeoutSeconds = uint32(v1.DefaultClientIPServiceAffinitySeconds)
+				if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil && *cfg.ClientIP.TimeoutSeconds > 0 {
+					p.Affinity.TimeoutSeconds = uint32(*cfg.ClientIP.TimeoutSeconds)
+				}
+			}
+			b.endpoints(p, sp, slices)
+			out.Portals = append(out.Portals, p)
+		}
+	}
+	sortPortals(out.Portals)
+	return out, b.problems
+}
+
+func sortPortals(ps []*Portal) {
+	slices.SortFunc(ps, func(a, b *Portal) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+}
+
+type builder struct {
+	cfg      *Config
+	svc      *v1.Service
+	key      ServiceKey
+	problems []Problem
+}
+
+func (b *builder) problem(reason, format string, args ...any) {
+	b.problems = append(b.problems, Problem{Service: b.key, Reason: reason, Message: fmt.Sprintf(format, args...)})
+}
+
+func parseAddr(s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(strings.TrimSpace(s))
+	if err != nil || a.Zone() != "" || a.IsUnspecified() {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}
+
+func (b *builder) clusterIPs() map[Family][]netip.Addr {
+	out := map[Family][]netip.Addr{}
+	ips := b.svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{b.svc.Spec.ClusterIP}
+	}
+	for i, s := range ips {
+		a, ok := parseAddr(s)
+		if !ok {
+			b.problem(ReasonInvalidClusterIP, "cluster IP %q is not an IP address", s)
+			continue
+		}
+		f := FamilyOf(a)
+		if i < len(b.svc.Spec.IPFamilies) {
+			want := IPv4
+			if b.svc.Spec.IPFamilies[i] == v1.IPv6Protocol {
+				want = IPv6
+			}
+			if want != f {
+				b.problem(ReasonInvalidClusterIP, "cluster IP %s is not of family %s", a, b.svc.Spec.IPFamilies[i])
+				continue
+			}
+		}
+		if len(out[f]) > 0 {
+			b.problem(ReasonInvalidClusterIP, "more than one %s cluster IP (%s)", f, a)
+			continue
+		}
+		out[f] = append(out[f], a)
+	}
+	return out
+}
+
+func (b *builder) externalIPs() map[Family][]netip.Addr {
+	out := map[Family][]netip.Addr{}
+	for _, s := range b.svc.Spec.ExternalIPs {
+		a, ok := parseAddr(s)
+		if !ok {
+			b.problem(ReasonExternalIPRefused, "external IP %q is not an IP address", s)
+			continue
+		}
+		if !inAny(b.cfg.ExternalIPCIDRs, a) {
+			b.problem(ReasonExternalIPRefused, "external IP %s is outside --external-ip-cidrs %v; not programmed", a, b.cfg.ExternalIPCIDRs)
+			continue
+		}
+		out[FamilyOf(a)] = appendUnique(out[FamilyOf(a)], a)
+	}
+	return out
+}
+
+func (b *builder) ingressIPs() map[Family][]netip.Addr {
+	out := map[Family][]netip.Addr{}
+	if b.svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		return out
+	}
+	for _, ing := range b.svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // hostname-only ingress: nothing to program
+		}
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+			continue // the load balancer proxies; traffic arrives for the node
+		}
+		a, ok := parseAddr(ing.IP)
+		if !ok {
+			b.problem(ReasonInvalidIngressIP, "load-balancer ingress IP %q is not an IP address", ing.IP)
+			continue
+		}
+		out[FamilyOf(a)] = appendUnique(out[FamilyOf(a)], a)
+	}
+	return out
+}
+
+func (b *builder) sourceRanges(f Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range b.svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			b.problem(ReasonInvalidIngressIP, "loadBalancerSourceRanges entry %q is not a CIDR", s)
+			continue
+		}
+		if FamilyOf(p.Addr()) == f {
+			out = append(out, p.Masked())
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return slices.Compact(out)
+}
+
+func appendUnique(as []netip.Addr, a netip.Addr) []netip.Addr {
+	if slices.Contains(as, a) {
+		return as
+	}
+	as = append(as, a)
+	slices.SortFunc(as, netip.Addr.Compare)
+	return as
+}

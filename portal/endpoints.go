@@ -1,0 +1,168 @@
+package portal
+
+import (
+	"net/netip"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// candidate is one usable endpoint of a Service port.
+type candidate struct {
+	addr        netip.AddrPort
+	ready       bool
+	serving     bool
+	terminating bool
+	local       bool
+	zoneHints   []string
+}
+
+// endpoints fills p.ClusterEndpoints and p.LocalEndpoints from the slices,
+// with kube-proxy's rules: ready endpoints; when none is ready, serving
+// terminating ones; topology hints only when every endpoint has them and
+// one of them is for this node's zone.
+func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.EndpointSlice) {
+	cands := b.candidates(p, sp, eslices)
+	ready := func(c candidate) bool { return c.ready }
+	terminating := func(c candidate) bool { return c.serving && c.terminating }
+
+	topo := b.useTopology(cands)
+	cluster := pick(cands, func(c candidate) bool { return ready(c) && (topo == "" || slices.Contains(c.zoneHints, topo)) })
+	if len(cluster) == 0 {
+		cluster = pick(cands, terminating)
+	}
+	local := pick(cands, func(c candidate) bool { return c.local && ready(c) })
+	if len(local) == 0 {
+		local = pick(cands, func(c candidate) bool { return c.local && terminating(c) })
+	}
+	p.ClusterEndpoints = cluster
+	if p.ExternalLocal || p.InternalLocal {
+		p.LocalEndpoints = local
+	}
+}
+
+func pick(cands []candidate, keep func(candidate) bool) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, c := range cands {
+		if keep(c) {
+			out = append(out, c.addr)
+		}
+	}
+	return out
+}
+
+// useTopology returns the zone to filter by, or "" when hints don't apply.
+func (b *builder) useTopology(cands []candidate) string {
+	svc := b.svc
+	wanted := svc.Spec.TrafficDistribution != nil ||
+		svc.Annotations[v1.AnnotationTopologyMode] != "" && svc.Annotations[v1.AnnotationTopologyMode] != "Disabled" ||
+		svc.Annotations["service.kubernetes.io/topology-aware-hints"] != "" && svc.Annotations["service.kubernetes.io/topology-aware-hints"] != "Disabled"
+	zone := b.cfg.NodeZone
+	if !wanted || zone == "" {
+		return ""
+	}
+	mine := false
+	for _, c := range cands {
+		if !c.ready {
+			continue
+		}
+		if len(c.zoneHints) == 0 {
+			return "" // all or nothing: one endpoint without hints disables them
+		}
+		if slices.Contains(c.zoneHints, zone) {
+			mine = true
+		}
+	}
+	if !mine {
+		return ""
+	}
+	return zone
+}
+
+func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery.EndpointSlice) []candidate {
+	want := discovery.AddressTypeIPv4
+	if p.Key.Family == IPv6 {
+		want = discovery.AddressTypeIPv6
+	}
+	var out []candidate
+	seen := map[netip.AddrPort]int{}
+	for _, es := range eslices {
+		if es.AddressType != want {
+			continue
+		}
+		port, ok := slicePort(es, sp)
+		if !ok {
+			continue
+		}
+		for i := range es.Endpoints {
+			ep := &es.Endpoints[i]
+			c := candidate{
+				ready:       ep.Conditions.Ready == nil || *ep.Conditions.Ready || b.svc.Spec.PublishNotReadyAddresses,
+				terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
+				local:       ep.NodeName != nil && *ep.NodeName == b.cfg.NodeName && b.cfg.NodeName != "",
+			}
+			c.serving = c.ready
+			if ep.Conditions.Serving != nil {
+				c.serving = *ep.Conditions.Serving
+			}
+			if ep.Hints != nil {
+				for _, z := range ep.Hints.ForZones {
+					c.zoneHints = append(c.zoneHints, z.Name)
+				}
+			}
+			for _, s := range ep.Addresses {
+				a, ok := parseAddr(s)
+				if !ok || FamilyOf(a) != p.Key.Family {
+					b.problem(ReasonInvalidEndpoint, "EndpointSlice %s: endpoint %q is not an %s address", es.Name, s, p.Key.Family)
+					continue
+				}
+				if inAny(b.cfg.ServiceCIDRs, a) {
+					b.problem(ReasonInvalidEndpoint, "EndpointSlice %s: endpoint %s is inside the service CIDR; refused", es.Name, a)
+					continue
+				}
+				c.addr = netip.AddrPortFrom(a, port)
+				if j, dup := seen[c.addr]; dup {
+					// The same endpoint in two slices (during a move): the
+					// better condition wins.
+					if c.ready && !out[j].ready {
+						out[j] = c
+					}
+					continue
+				}
+				seen[c.addr] = len(out)
+				out = append(out, c)
+				break // kube-proxy uses an endpoint's first address only
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y candidate) int { return x.addr.Compare(y.addr) })
+	return out
+}
+
+// slicePort finds the target port of sp in es: the slice port with the same
+// name and protocol.
+func slicePort(es *discovery.EndpointSlice, sp *v1.ServicePort) (uint16, bool) {
+	proto := sp.Protocol
+	if proto == "" {
+		proto = v1.ProtocolTCP
+	}
+	for _, p := range es.Ports {
+		name := ""
+		if p.Name != nil {
+			name = *p.Name
+		}
+		pp := v1.ProtocolTCP
+		if p.Protocol != nil {
+			pp = *p.Protocol
+		}
+		if name != sp.Name || pp != proto || p.Port == nil {
+			continue
+		}
+		if *p.Port <= 0 || *p.Port > 65535 {
+			return 0, false
+		}
+		return uint16(*p.Port), true
+	}
+	return 0, false
+}

@@ -1,0 +1,137 @@
+package portal
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// Source is where the model's objects come from: something that feeds a
+// Tracker until ctx ends and reports when its first listing is complete.
+type Source interface {
+	Start(ctx context.Context, t *Tracker) (synced func() bool, err error)
+}
+
+// Informers is the Source backed by client-go shared informers.
+type Informers struct {
+	Client   kubernetes.Interface
+	NodeName string
+	// ServiceProxyName selects Services labelled for this proxy (see Config).
+	ServiceProxyName string
+	Resync           time.Duration
+}
+
+// proxyLabelSelector selects what a proxy named name serves, as kube-proxy:
+// not headless, and labelled for this proxy (or for none, when name is "").
+func proxyLabelSelector(name string) (labels.Selector, error) {
+	var r1 *labels.Requirement
+	var err error
+	if name == "" {
+		r1, err = labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	} else {
+		r1, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{name})
+	}
+	if err != nil {
+		return nil, err
+	}
+	r2, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, err
+	}
+	return labels.NewSelector().Add(*r1, *r2), nil
+}
+
+// Start implements Source.
+func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) {
+	sel, err := proxyLabelSelector(s.ServiceProxyName)
+	if err != nil {
+		return nil, err
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	nf := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
+		}))
+
+	svcs := f.Core().V1().Services().Informer()
+	eps := f.Discovery().V1().EndpointSlices().Informer()
+	nodes := nf.Core().V1().Nodes().Informer()
+	if _, err := svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { withType(o, t.SetService) },
+		UpdateFunc: func(_, o any) { withType(o, t.SetService) },
+		DeleteFunc: func(o any) {
+			if svc, ok := unwrap[*v1.Service](o); ok {
+				t.DeleteService(svc.Namespace, svc.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { withType(o, t.SetSlice) },
+		UpdateFunc: func(_, o any) { withType(o, t.SetSlice) },
+		DeleteFunc: func(o any) { withType(o, t.DeleteSlice) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { withType(o, t.SetNode) },
+		UpdateFunc: func(_, o any) { withType(o, t.SetNode) },
+	}); err != nil {
+		return nil, err
+	}
+	f.Start(ctx.Done())
+	nf.Start(ctx.Done())
+	return func() bool { return svcs.HasSynced() && eps.HasSynced() && nodes.HasSynced() }, nil
+}
+
+func unwrap[T any](o any) (T, bool) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	v, ok := o.(T)
+	return v, ok
+}
+
+func withType[T any](o any, fn func(T)) {
+	if v, ok := unwrap[T](o); ok {
+		fn(v)
+	}
+}
+
+// EventReporter turns Problems into Warning events on the Service and log lines.
+type EventReporter struct {
+	Recorder record.EventRecorder // may be nil: log only
+	Log      *slog.Logger
+}
+
+// Report implements Reporter.
+func (r *EventReporter) Report(svc *v1.Service, problems []Problem) {
+	for _, p := range problems {
+		r.Log.Warn("refused part of a Service", "service", p.Service.String(), "reason", p.Reason, "message", p.Message)
+		if r.Recorder != nil {
+			r.Recorder.Event(svc, v1.EventTypeWarning, p.Reason, p.Message)
+		}
+	}
+}
+
+// WaitForSync waits until synced returns true or ctx ends.
+func WaitForSync(ctx context.Context, synced func() bool) error {
+	if !cache.WaitForCacheSync(ctx.Done(), synced) {
+		return fmt.Errorf("informers did not sync: %w", ctx.Err())
+	}
+	return nil
+}
+

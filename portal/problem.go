@@ -1,0 +1,24 @@
+package portal
+
+import "fmt"
+
+// Problem is an input the model refused: a bad value in a Service or
+// EndpointSlice. The rest of the object is still used. Problems become
+// Kubernetes events on the Service and log lines.
+type Problem struct {
+	Service ServiceKey
+	Reason  string // CamelCase, as Kubernetes event reasons
+	Message string
+}
+
+func (p Problem) String() string { return fmt.Sprintf("%s: %s: %s", p.Service, p.Reason, p.Message) }
+
+// Reasons of Problems.
+const (
+	ReasonInvalidClusterIP  = "InvalidClusterIP"
+	ReasonInvalidPort       = "InvalidPort"
+	ReasonInvalidEndpoint   = "InvalidEndpoint"
+	ReasonExternalIPRefused = "ExternalIPNotAllowed"
+	ReasonInvalidIngressIP  = "InvalidLoadBalancerIP"
+	ReasonPortConflict      = "PortConflict"
+)

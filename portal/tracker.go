@@ -1,0 +1,270 @@
+package portal
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// Reporter receives the Problems found while building a Service, once per
+// change of that Service or its slices (not on every sync).
+type Reporter interface {
+	Report(svc *v1.Service, problems []Problem)
+}
+
+// Tracker keeps the Kubernetes objects the model needs and builds
+// Snapshots from them, rebuilding only the Services that changed. Its On*
+// methods are informer handlers; Snapshot is called by the sync runner.
+type Tracker struct {
+	mu       sync.Mutex
+	cfg      Config
+	reporter Reporter
+	notify   func()
+
+	services map[ServiceKey]*v1.Service
+	slices   map[ServiceKey]map[string]*discovery.EndpointSlice
+	node     *v1.Node
+
+	built     map[ServiceKey]*Service
+	dirty     map[ServiceKey]struct{}
+	nodeAddrs []netip.Addr
+	// changed is when the oldest unsynced change arrived (zero: none).
+	changed time.Time
+	// triggers are the last-change-trigger-time annotations of pending slice changes.
+	triggers []time.Time
+}
+
+// NewTracker returns an empty Tracker. notify is called (without the lock
+// held) after every change; reporter may be nil.
+func NewTracker(cfg Config, reporter Reporter, notify func()) *Tracker {
+	if notify == nil {
+		notify = func() {}
+	}
+	return &Tracker{
+		cfg: cfg, reporter: reporter, notify: notify,
+		services: map[ServiceKey]*v1.Service{},
+		slices:   map[ServiceKey]map[string]*discovery.EndpointSlice{},
+		built:    map[ServiceKey]*Service{},
+		dirty:    map[ServiceKey]struct{}{},
+	}
+}
+
+func (t *Tracker) markLocked(k ServiceKey) {
+	t.dirty[k] = struct{}{}
+	if t.changed.IsZero() {
+		t.changed = time.Now()
+	}
+}
+
+// SetService records a new or updated Service.
+func (t *Tracker) SetService(svc *v1.Service) {
+	k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	t.mu.Lock()
+	t.services[k] = svc
+	t.markLocked(k)
+	t.mu.Unlock()
+	t.notify()
+}
+
+// DeleteService records a deleted Service.
+func (t *Tracker) DeleteService(namespace, name string) {
+	k := ServiceKey{Namespace: namespace, Name: name}
+	t.mu.Lock()
+	delete(t.services, k)
+	t.markLocked(k)
+	t.mu.Unlock()
+	t.notify()
+}
+
+func sliceService(es *discovery.EndpointSlice) (ServiceKey, bool) {
+	name := es.Labels[LabelServiceName]
+	return ServiceKey{Namespace: es.Namespace, Name: name}, name != ""
+}
+
+// SetSlice records a new or updated EndpointSlice.
+func (t *Tracker) SetSlice(es *discovery.EndpointSlice) {
+	k, ok := sliceService(es)
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	m := t.slices[k]
+	if m == nil {
+		m = map[string]*discovery.EndpointSlice{}
+		t.slices[k] = m
+	}
+	m[es.Name] = es
+	if ts, err := time.Parse(time.RFC3339Nano, es.Annotations["endpoints.kubernetes.io/last-change-trigger-time"]); err == nil {
+		t.triggers = append(t.triggers, ts)
+	}
+	t.markLocked(k)
+	t.mu.Unlock()
+	t.notify()
+}
+
+// DeleteSlice records a deleted EndpointSlice.
+func (t *Tracker) DeleteSlice(es *discovery.EndpointSlice) {
+	k, ok := sliceService(es)
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	if m := t.slices[k]; m != nil {
+		delete(m, es.Name)
+		if len(m) == 0 {
+			delete(t.slices, k)
+		}
+	}
+	t.markLocked(k)
+	t.mu.Unlock()
+	t.notify()
+}
+
+// SetNode records this node's object. A change of zone rebuilds every
+// Service; a change of addresses only the node-level state.
+func (t *Tracker) SetNode(n *v1.Node) {
+	t.mu.Lock()
+	zone := n.Labels[v1.LabelTopologyZone]
+	if zone != t.cfg.NodeZone {
+		t.cfg.NodeZone = zone
+		for k := range t.services {
+			t.markLocked(k)
+		}
+	}
+	t.node = n
+	addrs := nodePortAddrs(n, t.cfg.NodePortCIDRs)
+	changed := !slices.Equal(addrs, t.nodeAddrs)
+	t.nodeAddrs = addrs
+	if changed && t.changed.IsZero() {
+		t.changed = time.Now()
+	}
+	t.mu.Unlock()
+	t.notify()
+}
+
+// Node returns this node's object, nil until seen.
+func (t *Tracker) Node() *v1.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.node
+}
+
+// Pending reports whether changes wait for a sync, and since when.
+func (t *Tracker) Pending() (bool, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.changed.IsZero(), t.changed
+}
+
+// Snapshot rebuilds the changed Services and returns the desired state.
+// The returned Services map is the Tracker's own: it must only be read, and
+// only until the next call to Snapshot. The trigger times of the slice
+// changes it contains are returned for programming-latency metrics.
+func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	snap := &Snapshot{
+		Node:     Node{Name: t.cfg.NodeName, NodePortAddrs: t.nodeAddrs},
+		Services: t.built,
+	}
+	type report struct {
+		svc      *v1.Service
+		problems []Problem
+	}
+	var reports []report
+	for k := range t.dirty {
+		svc := t.services[k]
+		var built *Service
+		if svc != nil {
+			var problems []Problem
+			built, problems = t.cfg.Build(svc, sliceList(t.slices[k]))
+			if len(problems) > 0 {
+				reports = append(reports, report{svc, dedupe(problems)})
+			}
+		}
+		old := t.built[k]
+		if built == nil {
+			if old == nil {
+				continue
+			}
+			delete(t.built, k)
+		} else if old.Equal(built) {
+			continue
+		} else {
+			t.built[k] = built
+		}
+		snap.Dirty = append(snap.Dirty, k)
+	}
+	clear(t.dirty)
+	t.changed = time.Time{}
+	triggers := t.triggers
+	t.triggers = nil
+	if t.reporter != nil {
+		for _, r := range reports {
+			t.reporter.Report(r.svc, r.problems)
+		}
+	}
+	return snap, triggers
+}
+
+func sliceList(m map[string]*discovery.EndpointSlice) []*discovery.EndpointSlice {
+	out := make([]*discovery.EndpointSlice, 0, len(m))
+	for _, es := range m {
+		out = append(out, es)
+	}
+	slices.SortFunc(out, func(a, b *discovery.EndpointSlice) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func dedupe(ps []Problem) []Problem {
+	var out []Problem
+	for _, p := range ps {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// nodePortAddrs picks the addresses NodePorts are served on: the node's
+// addresses inside cidrs or, with no cidrs, its primary (first internal, else
+// first external) address of each family. Loopback is never included.
+func nodePortAddrs(n *v1.Node, cidrs []netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	primary := map[Family]bool{}
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, na := range n.Status.Addresses {
+			if na.Type != typ {
+				continue
+			}
+			a, ok := parseAddr(na.Address)
+			if !ok || a.IsLoopback() {
+				continue
+			}
+			if len(cidrs) > 0 {
+				if inAny(cidrs, a) && !slices.Contains(out, a) {
+					out = append(out, a)
+				}
+				continue
+			}
+			if !primary[FamilyOf(a)] {
+				primary[FamilyOf(a)] = true
+				out = append(out, a)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
