@@ -6,9 +6,13 @@ import (
 	"testing"
 )
 
+// TestGuestTools checks, in the test VM only (it changes the root
+// namespace's iptables), that the guest's iptables variant accepts every
+// match and target the backend writes (xt_ipvs, MARK, MASQUERADE) for both
+// families, and prints them in the canonical form plan.go writes.
 func TestGuestTools(t *testing.T) {
 	if os.Getenv("ONEHOP_VM") == "" {
-		t.Skip("runs in the test VM")
+		t.Skip("runs in the test VM (go test ./test/vm): it changes the root namespace's iptables")
 	}
 	for _, c := range [][]string{
 		{"iptables", "--version"},
@@ -26,6 +30,12 @@ func TestGuestTools(t *testing.T) {
 		{"ip6tables", "-t", "nat", "-A", "ONEHOP-PROBE", "-m", "ipvs", "--ipvs", "--vaddr", "fd00::1/128", "--vport", "80", "--vproto", "6", "-j", "MASQUERADE"},
 		{"ip6tables", "-t", "nat", "-S", "ONEHOP-PROBE"},
 		{"ipvsadm", "-Ln"},
+		// Leave nothing behind.
+		{"iptables", "-t", "filter", "-D", "INPUT", "-d", "10.0.0.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "DROP"},
+		{"iptables", "-t", "nat", "-F", "ONEHOP-PROBE"},
+		{"iptables", "-t", "nat", "-X", "ONEHOP-PROBE"},
+		{"ip6tables", "-t", "nat", "-F", "ONEHOP-PROBE"},
+		{"ip6tables", "-t", "nat", "-X", "ONEHOP-PROBE"},
 	} {
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 		t.Logf("%v: %v\n%s", c, err, out)

@@ -145,9 +145,9 @@ func TestIPVSInVM(t *testing.T) {
 var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1bc`)
 
 type result struct {
-	rc                     int
-	passed, skipped, total int
-	failed                 []string
+	rc              int
+	passed, skipped int
+	failed          []string
 }
 
 func (r result) summary() string {
