@@ -1,0 +1,278 @@
+package portal
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func svc(mut func(s *v1.Service)) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  "10.96.0.10",
+			ClusterIPs: []string{"10.96.0.10"},
+			IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
+			Ports:      []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	}
+	if mut != nil {
+		mut(s)
+	}
+	return s
+}
+
+type ep struct {
+	ip                          string
+	node                        string
+	ready, serving, terminating *bool
+	zones                       []string
+}
+
+func slice(name string, at discovery.AddressType, port int32, eps ...ep) *discovery.EndpointSlice {
+	es := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{LabelServiceName: "web"}},
+		AddressType: at,
+		Ports:       []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(port), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	for _, e := range eps {
+		d := discovery.Endpoint{Addresses: []string{e.ip}, Conditions: discovery.EndpointConditions{Ready: e.ready, Serving: e.serving, Terminating: e.terminating}}
+		if e.node != "" {
+			d.NodeName = ptr.To(e.node)
+		}
+		if len(e.zones) > 0 {
+			d.Hints = &discovery.EndpointHints{}
+			for _, z := range e.zones {
+				d.Hints.ForZones = append(d.Hints.ForZones, discovery.ForZone{Name: z})
+			}
+		}
+		es.Endpoints = append(es.Endpoints, d)
+	}
+	return es
+}
+
+func addrs(ss ...string) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddrPort(s))
+	}
+	return out
+}
+
+func TestBuild(t *testing.T) {
+	yes, no := ptr.To(true), ptr.To(false)
+	cfg := Config{NodeName: "n1", NodeZone: "z1",
+		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
+	cases := []struct {
+		name     string
+		svc      *v1.Service
+		slices   []*discovery.EndpointSlice
+		want     func(t *testing.T, s *Service)
+		problems []string // reasons expected
+	}{
+		{
+			name:   "cluster IP with ready endpoints; target port from the slice",
+			svc:    svc(nil),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2"}, ep{ip: "10.244.2.2", ready: no})},
+			want: func(t *testing.T, s *Service) {
+				p := s.Portals[0]
+				if p.Key.Protocol != TCP || p.Port != 80 || !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("got %+v", p)
+				}
+			},
+		},
+		{
+			name: "headless and ExternalName are not served",
+			svc:  svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, nil }),
+			want: func(t *testing.T, s *Service) {
+				if s != nil {
+					t.Errorf("headless built %+v", s)
+				}
+			},
+		},
+		{
+			name: "another proxy's Service is not served",
+			svc:  svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other"} }),
+			want: func(t *testing.T, s *Service) {
+				if s != nil {
+					t.Errorf("built %+v", s)
+				}
+			},
+		},
+		{
+			name: "dual stack gives one portal per family; slices by address type",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+			}),
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2"}),
+				slice("b", discovery.AddressTypeIPv6, 8080, ep{ip: "fd00:244::2"}),
+			},
+			want: func(t *testing.T, s *Service) {
+				if len(s.Portals) != 2 || s.Portals[1].Key.Family != IPv6 || !slices.Equal(s.Portals[1].ClusterEndpoints, addrs("[fd00:244::2]:8080")) {
+					t.Errorf("got %+v", s.Portals)
+				}
+			},
+		},
+		{
+			name:     "bad values are refused, the rest is kept",
+			svc:      svc(func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "nonsense"}; s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "x", Port: 0}, v1.ServicePort{Name: "y", Port: 9, Protocol: "ICMP"}) }),
+			slices:   []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.96.5.5"}, ep{ip: "999.1.1.1"}, ep{ip: "10.244.1.2"})},
+			problems: []string{ReasonInvalidClusterIP, ReasonInvalidPort, ReasonInvalidPort, ReasonInvalidEndpoint, ReasonInvalidEndpoint},
+			want: func(t *testing.T, s *Service) {
+				if len(s.Portals) != 1 || !slices.Equal(s.Portals[0].ClusterEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("got %+v", s.Portals)
+				}
+			},
+		},
+		{
+			name:     "cluster IP of the wrong family is refused",
+			svc:      svc(func(s *v1.Service) { s.Spec.ClusterIPs = []string{"fd00::1"} }),
+			problems: []string{ReasonInvalidClusterIP},
+			want: func(t *testing.T, s *Service) {
+				if len(s.Portals) != 0 {
+					t.Errorf("got %+v", s.Portals)
+				}
+			},
+		},
+		{
+			name: "externalIPs only inside the allowed CIDRs; LB ingress skips ipMode Proxy",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.Ports[0].NodePort = 30080
+				s.Spec.ExternalIPs = []string{"203.0.113.5", "198.51.100.5"}
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.9"}, {IP: "203.0.113.10", IPMode: ptr.To(v1.LoadBalancerIPModeProxy)}}
+			}),
+			problems: []string{ReasonExternalIPRefused},
+			want: func(t *testing.T, s *Service) {
+				p := s.Portals[0]
+				if p.NodePort != 30080 || len(p.ExternalIPs) != 1 || p.ExternalIPs[0].String() != "203.0.113.5" ||
+					len(p.LoadBalancerIPs) != 1 || p.LoadBalancerIPs[0].String() != "203.0.113.9" {
+					t.Errorf("got %+v", p)
+				}
+			},
+		},
+		{
+			name: "no ready endpoint: serving terminating ones; local ones for the Local policy",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.Ports[0].NodePort = 30080
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			}),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080,
+				ep{ip: "10.244.1.2", node: "n1", ready: no, serving: yes, terminating: yes},
+				ep{ip: "10.244.2.2", node: "n2", ready: no, serving: yes, terminating: yes},
+				ep{ip: "10.244.3.2", node: "n1", ready: no, serving: no, terminating: yes})},
+			want: func(t *testing.T, s *Service) {
+				p := s.Portals[0]
+				if !p.ExternalLocal || !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080", "10.244.2.2:8080")) ||
+					!slices.Equal(p.LocalEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("got %+v", p)
+				}
+			},
+		},
+		{
+			name: "topology hints apply when every endpoint has them",
+			svc:  svc(func(s *v1.Service) { s.Spec.TrafficDistribution = ptr.To("PreferClose") }),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080,
+				ep{ip: "10.244.1.2", zones: []string{"z1"}}, ep{ip: "10.244.2.2", zones: []string{"z2"}})},
+			want: func(t *testing.T, s *Service) {
+				if !slices.Equal(s.Portals[0].ClusterEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("got %+v", s.Portals[0].ClusterEndpoints)
+				}
+			},
+		},
+		{
+			name: "topology hints are all or nothing",
+			svc:  svc(func(s *v1.Service) { s.Spec.TrafficDistribution = ptr.To("PreferClose") }),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080,
+				ep{ip: "10.244.1.2", zones: []string{"z1"}}, ep{ip: "10.244.2.2"})},
+			want: func(t *testing.T, s *Service) {
+				if len(s.Portals[0].ClusterEndpoints) != 2 {
+					t.Errorf("got %+v", s.Portals[0].ClusterEndpoints)
+				}
+			},
+		},
+		{
+			name: "session affinity defaults to 10800 s",
+			svc:  svc(func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
+			want: func(t *testing.T, s *Service) {
+				if s.Portals[0].Affinity.TimeoutSeconds != 10800 {
+					t.Errorf("got %+v", s.Portals[0].Affinity)
+				}
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, problems := cfg.Build(c.svc, c.slices)
+			var reasons []string
+			for _, p := range dedupe(problems) {
+				reasons = append(reasons, p.Reason)
+			}
+			slices.Sort(reasons)
+			want := slices.Clone(c.problems)
+			slices.Sort(want)
+			if !slices.Equal(reasons, want) {
+				t.Errorf("problems: got %v, want %v (%v)", reasons, want, problems)
+			}
+			c.want(t, s)
+		})
+	}
+}
+
+func TestTrackerRebuildsOnlyChangedServices(t *testing.T) {
+	notified := 0
+	tr := NewTracker(Config{NodeName: "n1"}, nil, func() { notified++ })
+	a := svc(nil)
+	b := svc(func(s *v1.Service) { s.Name = "other"; s.Spec.ClusterIPs = []string{"10.96.0.11"} })
+	tr.SetService(a)
+	tr.SetService(b)
+	snap, _ := tr.Snapshot()
+	if len(snap.Dirty) != 2 || len(snap.Services) != 2 {
+		t.Fatalf("first snapshot: %+v", snap)
+	}
+	tr.SetSlice(slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2"}))
+	snap, _ = tr.Snapshot()
+	if len(snap.Dirty) != 1 || snap.Dirty[0].Name != "web" {
+		t.Errorf("want only web dirty, got %v", snap.Dirty)
+	}
+	// An update that changes nothing the dataplane sees is not dirty.
+	a2 := a.DeepCopy()
+	a2.Annotations = map[string]string{"unrelated": "x"}
+	tr.SetService(a2)
+	if snap, _ = tr.Snapshot(); len(snap.Dirty) != 0 {
+		t.Errorf("no-op update made %v dirty", snap.Dirty)
+	}
+	tr.DeleteService("ns", "other")
+	snap, _ = tr.Snapshot()
+	if len(snap.Dirty) != 1 || snap.Services[ServiceKey{"ns", "other"}] != nil {
+		t.Errorf("delete: %+v", snap)
+	}
+	if notified != 5 {
+		t.Errorf("notify called %d times, want 5", notified)
+	}
+}
+
+func TestNodePortAddrs(t *testing.T) {
+	n := &v1.Node{Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeInternalIP, Address: "192.0.2.10"}, {Type: v1.NodeInternalIP, Address: "192.0.2.11"},
+		{Type: v1.NodeExternalIP, Address: "203.0.113.1"}, {Type: v1.NodeInternalIP, Address: "fd00::10"},
+		{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: "n1"}}}}
+	if got := fmt.Sprint(nodePortAddrs(n, nil)); got != "[192.0.2.10 fd00::10]" {
+		t.Errorf("primary: got %v", got)
+	}
+	got := nodePortAddrs(n, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("127.0.0.0/8")})
+	if fmt.Sprint(got) != "[192.0.2.10 192.0.2.11]" {
+		t.Errorf("cidrs: got %v", got)
+	}
+}
