@@ -124,8 +124,11 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
-			name:     "bad values are refused, the rest is kept",
-			svc:      svc(func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "nonsense"}; s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "x", Port: 0}, v1.ServicePort{Name: "y", Port: 9, Protocol: "ICMP"}) }),
+			name: "bad values are refused, the rest is kept",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.ClusterIPs = []string{"10.96.0.10", "nonsense"}
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "x", Port: 0}, v1.ServicePort{Name: "y", Port: 9, Protocol: "ICMP"})
+			}),
 			slices:   []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.96.5.5"}, ep{ip: "999.1.1.1"}, ep{ip: "10.244.1.2"})},
 			problems: []string{ReasonInvalidClusterIP, ReasonInvalidPort, ReasonInvalidPort, ReasonInvalidEndpoint, ReasonInvalidEndpoint},
 			want: func(t *testing.T, s *Service) {

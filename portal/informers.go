@@ -134,4 +134,3 @@ func WaitForSync(ctx context.Context, synced func() bool) error {
 	}
 	return nil
 }
-
