@@ -39,14 +39,20 @@
 //
 // # Syncing
 //
-// Sync computes the whole desired plan in memory (plan.go; pure, and
-// rendered into testdata/*.golden) and sends only differences: against the
-// plan it applied last (incremental) or against what it reads back from the
-// kernel (full: IPVS services and destinations, the dummy's addresses and
-// `iptables -S` of onehop's chains, compared in iptables' canonical form).
-// It never flushes and reloads. IPVS has no transactions, so a failed sync
-// can leave part of a change applied; the next sync is then full and
-// converges.
+// Sync keeps the desired plan (plan.go; pure, rendered into
+// testdata/*.golden) in memory, with what each Service contributed. A full
+// sync builds it from the whole snapshot and diffs it against what it reads
+// back from the kernel (IPVS services and destinations, the dummy's
+// addresses, `iptables -S` of onehop's chains compared in iptables'
+// canonical form). An incremental sync replaces only the dirty Services'
+// parts (plus Services that lost an entry to another, so a freed entry is
+// taken) and diffs only the keys they had or now have: about 10 us of
+// planning for one change among 10k Services, then the netlink messages and
+// at most one iptables-restore --noflush per table (one transaction, one
+// process). It never flushes and reloads. IPVS itself has no transactions,
+// so a failed sync can leave part of a change applied; the next sync is
+// then full and converges. A change of the node's NodePort addresses or the
+// first IPv6 Service makes a sync full.
 //
 // Graceful termination: a TCP or SCTP destination that leaves the endpoints
 // gets weight 0 (no new connections, established ones keep working) and is
@@ -116,7 +122,7 @@
 //     0.0.0.0 answers on cluster IPs at ports that are not Service ports.
 //   - No-endpoint and Local-without-local-endpoint traffic is rejected with
 //     ICMP port unreachable by IPVS (nft drops the latter).
-//   - iptables rules are added one command each; rule counts grow with
-//     Local-policy external entries, source-range entries and local
-//     endpoints, not with Services.
+//   - iptables rule counts grow with Local-policy external entries,
+//     source-range entries and local endpoints, not with Services; the
+//     nft backend keeps everything in sets and maps.
 package ipvs

@@ -417,6 +417,20 @@ func (tb *backend) sync(full bool, svcs ...*portal.Service) dataplane.SyncStats 
 	return st
 }
 
+// remove syncs incrementally with the given Services deleted.
+func (tb *backend) remove(keys ...portal.ServiceKey) dataplane.SyncStats {
+	tb.t.Helper()
+	snap := &portal.Snapshot{Node: portal.Node{Name: "node"}, Services: map[portal.ServiceKey]*portal.Service{}, Dirty: keys}
+	var st dataplane.SyncStats
+	if err := inNS(tb.ns, func() (err error) {
+		st, err = tb.b.Sync(context.Background(), snap, false)
+		return err
+	}); err != nil {
+		tb.t.Fatalf("Sync: %v", err)
+	}
+	return st
+}
+
 func (tb *backend) do(fn func(b *Backend) error) error {
 	return inNS(tb.ns, func() error { return fn(tb.b) })
 }

@@ -274,6 +274,15 @@ func TestRejectNoEndpoints(t *testing.T) {
 	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
 		t.Errorf("after adding an endpoint: %s", pod)
 	}
+	// Deleting the Service removes its virtual servers and its VIP.
+	b.remove(s.Key)
+	if d := b.dump(); len(d.Ports) != 0 {
+		t.Errorf("after deleting the Service: %+v\n%s", d.Ports, d.Raw)
+	}
+	var left []netip.Addr
+	if err := b.do(func(b *Backend) (err error) { left, err = b.dummyAddrs(); return err }); err != nil || len(left) != 0 {
+		t.Errorf("VIPs left on %s: %v %v", DummyInterface, left, err)
+	}
 }
 
 // TestSourceRanges: loadBalancerSourceRanges let the client in or drop it.
