@@ -33,8 +33,8 @@ type allocator struct {
 	log      *slog.Logger
 	alloc    *ipam.Allocator
 	queue    workqueue.TypedRateLimitingInterface[portal.ServiceKey]
-	// waiting are Services refused for want of addresses; a release
-	// retries them.
+	// waiting are Services refused for want of addresses or because their
+	// requested address is taken; a release retries them.
 	waiting map[portal.ServiceKey]bool
 }
 
@@ -160,8 +160,8 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	ips, err := a.alloc.Assign(req)
 	if err != nil {
 		var e *ipam.Error
-		if errors.As(err, &e) && e.Reason == ipam.ReasonExhausted {
-			a.waiting[key] = true
+		if errors.As(err, &e) && (e.Reason == ipam.ReasonExhausted || e.Reason == ipam.ReasonConflict) {
+			a.waiting[key] = true // a release may make room
 		}
 		a.rec.Event(svc, corev1.EventTypeWarning, reasonOf(err), err.Error()) // the recorder folds repeats
 		a.log.Info("load-balancer IP refused", "service", key, "err", err)

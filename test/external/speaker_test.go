@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv("OHX_SPEAKER"); cfg != "" {
 		os.Exit(speakerMain(cfg, os.Getenv("OHX_NEXTHOP")))
 	}
+	if cfg := os.Getenv("OHX_HOOK"); cfg != "" {
+		os.Exit(hookMain(cfg, os.Getenv("OHX_KUBECONFIG"), os.Getenv("OHX_NODE")))
+	}
 	if iface := os.Getenv("OHX_L2"); iface != "" {
 		os.Exit(responderMain(iface))
 	}

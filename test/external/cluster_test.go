@@ -1,0 +1,266 @@
+package external
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/test/cluster"
+)
+
+// startControlPlane runs kube-apiserver + etcd in namespace n of tp at
+// address and returns an admin client (dialing from inside n). address ""
+// puts 10.99.0.1 on a veth pair inside n (kube-apiserver refuses to
+// advertise a loopback address).
+func (tp *topo) startControlPlane(n, address string) (*cluster.ControlPlane, kubernetes.Interface) {
+	tp.t.Helper()
+	if address == "" {
+		address = "10.99.0.1"
+		tp.ip(n, "link", "add", "cp0", "type", "veth", "peer", "name", "cp1")
+		tp.ip(n, "addr", "add", address+"/24", "dev", "cp0")
+		tp.ip(n, "link", "set", "cp0", "up")
+		tp.ip(n, "link", "set", "cp1", "up")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	if _, err := cluster.Binaries(ctx); err != nil {
+		tp.t.Skipf("skipping: no control-plane binaries (%v); build them with hack/controlplane.sh or set %s", err, cluster.EnvBinDir)
+	}
+	cp, err := cluster.Start(ctx, cluster.Options{Netns: tp.name(n), Address: address, Log: slog.New(slog.NewTextHandler(tp.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		tp.t.Fatal(err)
+	}
+	tp.t.Cleanup(cp.Stop)
+	c, err := cp.Client()
+	if err != nil {
+		tp.t.Fatal(err)
+	}
+	return cp, c
+}
+
+// runHook runs an external.Hook for node until the test ends; the
+// returned stop function ends it early (a clean agent stop).
+func runHook(t *testing.T, cfg external.Config, c kubernetes.Interface, node string) (stop func()) {
+	t.Helper()
+	h, err := external.New(cfg, c, node, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := h.Run(ctx); err != nil {
+			t.Errorf("hook %s: %v", node, err)
+		}
+	}()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	return stop
+}
+
+type svcOpt func(*corev1.Service)
+
+func annotate(k, v string) svcOpt {
+	return func(s *corev1.Service) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[k] = v
+	}
+}
+
+func createLB(t *testing.T, c kubernetes.Interface, name string, port int32, opts ...svcOpt) {
+	t.Helper()
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Port: port, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}}}
+	for _, o := range opts {
+		o(s)
+	}
+	if _, err := c.CoreV1().Services("default").Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lbIPs waits until cond holds for the Service's status IPs and returns them.
+func lbIPs(t *testing.T, c kubernetes.Interface, name string, what string, cond func([]string) bool) []string {
+	t.Helper()
+	var ips []string
+	_, ok := waitFor(context.Background(), 20*time.Second, func() bool {
+		s, err := c.CoreV1().Services("default").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		ips = nil
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+		return cond(ips)
+	})
+	if !ok {
+		t.Fatalf("%s: service %s has status IPs %v", what, name, ips)
+	}
+	return ips
+}
+
+func some(ips []string) bool { return len(ips) > 0 }
+func none(ips []string) bool { return len(ips) == 0 }
+
+// event waits for an event with reason on the named Service.
+func event(t *testing.T, c kubernetes.Interface, name, reason string) string {
+	t.Helper()
+	var msg string
+	_, ok := waitFor(context.Background(), 20*time.Second, func() bool {
+		evs, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == reason {
+				msg = e.Message
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no %s event on service %s", reason, name)
+	}
+	return msg
+}
+
+// checkNoDoubleAllocation: an IP is in the status of several Services
+// only when all of them share it under one key.
+func checkNoDoubleAllocation(t *testing.T, c kubernetes.Interface) map[string][]string {
+	t.Helper()
+	svcs, err := c.CoreV1().Services("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string][]string{}
+	keys := map[string]map[string]bool{}
+	for _, s := range svcs.Items {
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			holders[in.IP] = append(holders[in.IP], s.Name)
+			if keys[in.IP] == nil {
+				keys[in.IP] = map[string]bool{}
+			}
+			keys[in.IP][s.Annotations[external.AnnotationAllowSharedIP]] = true
+		}
+	}
+	for ip, hs := range holders {
+		if len(hs) > 1 && (len(keys[ip]) != 1 || keys[ip][""]) {
+			t.Fatalf("%s allocated to %v without a common sharing key", ip, hs)
+		}
+	}
+	return holders
+}
+
+func ipamConfig() external.Config {
+	return external.Config{
+		Pools: []external.PoolConfig{
+			{Name: "main", Addresses: []string{"192.0.2.1-192.0.2.3"}},
+			{Name: "manual", Addresses: []string{"198.51.100.0/31"}, AutoAssign: new(false)},
+		},
+		LeaseNamespace: "default",
+		LeaderLease: external.LeaseTiming{Duration: external.Duration{Duration: 3 * time.Second},
+			RenewDeadline: external.Duration{Duration: 2 * time.Second}, RetryPeriod: external.Duration{Duration: 250 * time.Millisecond}},
+	}
+}
+
+// TestIPAMAgainstAPIServer: two agents elect one allocator; requested IPs,
+// pool choice, sharing, conflicts, bad annotations and exhaustion get
+// answers or events; release on delete and type change; after the leader
+// stops, the other rebuilds from status and never hands out a held IP.
+func TestIPAMAgainstAPIServer(t *testing.T) {
+	needs(t)
+	tp := newTopo(t)
+	tp.add("cp")
+	_, c := tp.startControlPlane("cp", "")
+	stops := map[string]func(){"n1": runHook(t, ipamConfig(), c, "n1"), "n2": runHook(t, ipamConfig(), c, "n2")}
+
+	createLB(t, c, "requested", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	if ips := lbIPs(t, c, "requested", "requested IP", some); ips[0] != "192.0.2.3" {
+		t.Fatalf("requested 192.0.2.3, got %v", ips)
+	}
+	createLB(t, c, "manual", 80, annotate(external.AnnotationAddressPool, "manual"))
+	if ips := lbIPs(t, c, "manual", "pool choice", some); !strings.HasPrefix(ips[0], "198.51.100.") {
+		t.Fatalf("pool manual: got %v", ips)
+	}
+	createLB(t, c, "share-a", 80, annotate(external.AnnotationAllowSharedIP, "k"))
+	a := lbIPs(t, c, "share-a", "sharing", some)
+	createLB(t, c, "share-b", 443, annotate(external.AnnotationAllowSharedIP, "k"))
+	if b := lbIPs(t, c, "share-b", "sharing", some); b[0] != a[0] {
+		t.Fatalf("share-b got %v, share-a %v: want one shared IP", b, a)
+	}
+	createLB(t, c, "conflict", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	t.Logf("conflict event: %s", event(t, c, "conflict", "IPConflict"))
+	createLB(t, c, "bad", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.300"))
+	t.Logf("bad annotation event: %s", event(t, c, "bad", "BadAnnotation"))
+	createLB(t, c, "plain", 80)
+	lbIPs(t, c, "plain", "last free IP", some)
+	createLB(t, c, "waiting", 80)
+	t.Logf("exhaustion event: %s", event(t, c, "waiting", "AllocationFailed"))
+	lbIPs(t, c, "conflict", "conflict stays without IP", none)
+	checkNoDoubleAllocation(t, c)
+
+	// Release on delete: the waiting Service gets the freed IP.
+	plain := lbIPs(t, c, "plain", "before delete", some)
+	if err := c.CoreV1().Services("default").Delete(context.Background(), "plain", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if w := lbIPs(t, c, "waiting", "release on delete", some); w[0] != plain[0] {
+		t.Fatalf("waiting got %v, want the freed %v", w, plain)
+	}
+	// Release on type change: the status is cleared and the IP reused.
+	s, err := c.CoreV1().Services("default").Get(context.Background(), "requested", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Spec.Type = corev1.ServiceTypeClusterIP
+	if _, err := c.CoreV1().Services("default").Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lbIPs(t, c, "requested", "type change clears status", none)
+	if ips := lbIPs(t, c, "conflict", "freed requested IP goes to the next asker", some); ips[0] != "192.0.2.3" {
+		t.Fatalf("conflict got %v, want 192.0.2.3", ips)
+	}
+	before := checkNoDoubleAllocation(t, c)
+
+	// Leader failover: whoever leads stops; the other must rebuild from
+	// status before allocating, so the new Service gets no held IP.
+	lease, err := c.CoordinationV1().Leases("default").Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := *lease.Spec.HolderIdentity
+	stops[leader]()
+	if err := c.CoreV1().Services("default").Delete(context.Background(), "share-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createLB(t, c, "after-failover", 80, annotate(external.AnnotationAddressPool, "manual"))
+	got := lbIPs(t, c, "after-failover", "allocation after failover", some)
+	if l, err := c.CoordinationV1().Leases("default").Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
+		t.Fatalf("after %s stopped the lease is held by %v (%v)", leader, l.Spec.HolderIdentity, err)
+	}
+	if len(before[got[0]]) > 0 {
+		t.Fatalf("after failover %s was given to after-failover though %v hold it", got[0], before[got[0]])
+	}
+	after := checkNoDoubleAllocation(t, c)
+	for ip, hs := range before {
+		if hs[0] != "share-a" && len(after[ip]) == 0 {
+			t.Errorf("after failover %s lost its holders %v", ip, hs)
+		}
+	}
+	t.Logf("leader before failover: %s; allocations %v", leader, after)
+}

@@ -1,0 +1,162 @@
+package external
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/portal"
+)
+
+// hookMain runs a whole external.Hook as an agent would, in a node's
+// namespace, until SIGTERM. It stands in for the dataplane by reporting the
+// VIP as programmed with local endpoints (the nft rule of the lab does the
+// DNAT), so which nodes announce is decided by the cluster state alone.
+func hookMain(cfgJSON, kubeconfig, node string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var cfg external.Config
+	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
+		log.Error("config", "err", err)
+		return 2
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		log.Error("kubeconfig", "err", err)
+		return 2
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		log.Error("client", "err", err)
+		return 2
+	}
+	h, err := external.New(cfg, c, node, log)
+	if err != nil {
+		log.Error("hook", "err", err)
+		return 2
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	key := portal.ServiceKey{Namespace: "default", Name: "web"}
+	ep := netip.MustParseAddrPort("10.244.0.2:8080")
+	h.Programmed(&portal.Snapshot{Services: map[portal.ServiceKey]*portal.Service{key: {Key: key, Portals: []*portal.Portal{{
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(vip)}, ClusterEndpoints: []netip.AddrPort{ep}, LocalEndpoints: []netip.AddrPort{ep}}}}}})
+	if err := h.Run(ctx); err != nil {
+		log.Error("run", "err", err)
+		return 1
+	}
+	log.Info("hook stopped")
+	return 0
+}
+
+// TestBGPHookLocalPolicy: the control plane sits on the nodes' segment;
+// one agent (Hook with the bgp provider) per node; a Local-policy Service
+// gets the VIP from a pool; the router's ECMP next hops are exactly the
+// nodes with a ready endpoint; deleting node2's endpoint withdraws node2
+// (time logged; the issue asks for < 1 s); an agent stopping withdraws.
+func TestBGPHookLocalPolicy(t *testing.T) {
+	lab := newBGPLab(t)
+	lab.add("cp")
+	lab.veth("router", "vcp", "cp", "eth0")
+	lab.ip("router", "link", "set", "vcp", "master", "br0")
+	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
+	cp, c := lab.startControlPlane("cp", "10.0.0.2")
+	createReadyNode(t, c, "node1", "10.0.0.11")
+	createReadyNode(t, c, "node2", "10.0.0.12")
+
+	cfg := external.Config{
+		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+		LeaseNamespace: "default",
+		BGP:            &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
+	}
+	b, _ := json.Marshal(cfg)
+	agents := map[string]*exec.Cmd{}
+	for _, n := range []string{"node1", "node2"} {
+		cmd := exec.Command("ip", "netns", "exec", lab.name(n), os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+cp.Kubeconfig, "OHX_NODE="+n)
+		var logb strings.Builder
+		cmd.Stdout, cmd.Stderr = &logb, &logb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		agents[n] = cmd
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("agent %s:\n%s", n, logb.String())
+			}
+		})
+	}
+
+	createLB(t, c, "web", 80, func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	if ips := lbIPs(t, c, "web", "allocation", some); ips[0] != vip {
+		t.Fatalf("web got %v, want %s", ips, vip)
+	}
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
+	lab.waitHops(t, "both nodes have a local endpoint", "10.0.0.11", "10.0.0.12")
+	if got, err := lab.get("client", vip+":80"); err != nil || !strings.HasPrefix(got, "pod") {
+		t.Fatalf("client -> %s: %q, %v", vip, got, err)
+	}
+
+	t0 := time.Now()
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2"})
+	d := lab.waitHops(t, "node2's last local endpoint deleted", "10.0.0.11")
+	t.Logf("Local policy: node2 withdrawn from the router's FIB %v after its last endpoint was deleted (issue target < 1 s; within: %v)",
+		d.Round(time.Millisecond), time.Since(t0) < time.Second)
+
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
+	lab.waitHops(t, "node2 back", "10.0.0.11", "10.0.0.12")
+	t0 = time.Now()
+	_ = agents["node2"].Process.Signal(syscall.SIGTERM)
+	lab.waitHops(t, "node2's agent stops", "10.0.0.11")
+	t.Logf("agent stop: node2 withdrawn %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
+	if err := agents["node2"].Wait(); err != nil {
+		t.Errorf("agent node2 exit: %v", err)
+	}
+}
+
+// setEndpoints makes the Service's endpoints exactly one ready endpoint per
+// node given (node -> pod IP).
+func setEndpoints(t *testing.T, c kubernetes.Interface, svc string, eps map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	ready := true
+	port, proto, name := int32(8080), corev1.ProtocolTCP, ""
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
+	}
+	for node, ip := range eps {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: new(node), Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	old, err := c.DiscoveryV1().EndpointSlices("default").Get(ctx, es.Name, metav1.GetOptions{})
+	if err == nil {
+		es.ResourceVersion = old.ResourceVersion
+		_, err = c.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{})
+	} else {
+		_, err = c.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{})
+	}
+	if err != nil {
+		t.Fatal(fmt.Errorf("endpoint slice: %w", err))
+	}
+}
