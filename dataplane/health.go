@@ -97,6 +97,14 @@ func (h *HealthServer) SyncNode(deleting, tainted bool) {
 	h.nodeTainted = tainted
 }
 
+// ProxyHealthy reports whether the sync loop keeps up: what /livez
+// answers, without the node's eligibility. Health-check node ports report
+// it as serviceProxyHealthy.
+func (h *HealthServer) ProxyHealthy() bool {
+	body, _, _ := h.state()
+	return body.Healthy
+}
+
 // healthBody is the JSON both endpoints answer, in kube-proxy's shape.
 type healthBody struct {
 	LastUpdated  time.Time `json:"lastUpdated"`

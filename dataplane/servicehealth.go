@@ -1,0 +1,309 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// EventFunc reports a problem on a Service to its owner (a Kubernetes event
+// in the agent). reason is a CamelCase word, message a sentence.
+type EventFunc func(svc portal.ServiceKey, reason, message string)
+
+// ReasonHealthCheckFailed is the event reason when a health-check node port
+// cannot be served; kube-proxy uses the same word.
+const ReasonHealthCheckFailed = "FailedToStartServiceHealthcheck"
+
+// ServiceHealth serves the health-check node ports of the Services with
+// externalTrafficPolicy: Local, as kube-proxy does, so that external load
+// balancers send traffic only to nodes with local endpoints. Each port gets
+// an HTTP server on every address of the node (both families) that answers
+// any path with:
+//
+//   - 200 when this node has local endpoints for the Service and the proxy
+//     is healthy, 503 otherwise;
+//   - the JSON body {"service":{"namespace","name"},"localEndpoints":N,
+//     "serviceProxyHealthy":bool};
+//   - the headers Content-Type: application/json, X-Content-Type-Options:
+//     nosniff and X-Load-Balancing-Endpoint-Weight: N.
+//
+// Update (called after each applied sync) starts and stops servers as
+// Services come and go; a port that cannot be bound is reported through the
+// EventFunc and retried at the next Update. The methods are safe for
+// concurrent use.
+type ServiceHealth struct {
+	log     *slog.Logger
+	events  EventFunc
+	healthy func() bool
+	listen  func(ctx context.Context, port uint16) (net.Listener, error)
+
+	mu      sync.Mutex
+	servers map[uint16]*hcServer
+	closed  bool
+}
+
+// ServiceHealthOption configures a ServiceHealth.
+type ServiceHealthOption func(*ServiceHealth)
+
+// WithProxyHealth makes the servers report healthy() as serviceProxyHealthy
+// (and answer 503 while it is false), e.g. HealthServer.ProxyHealthy.
+// Without it the proxy counts as healthy.
+func WithProxyHealth(healthy func() bool) ServiceHealthOption {
+	return func(s *ServiceHealth) { s.healthy = healthy }
+}
+
+// WithHealthListener replaces how a port is bound (default: TCP on every
+// address of both families). Tests use it to listen inside a namespace.
+func WithHealthListener(listen func(ctx context.Context, port uint16) (net.Listener, error)) ServiceHealthOption {
+	return func(s *ServiceHealth) { s.listen = listen }
+}
+
+// NewServiceHealth returns a ServiceHealth with no servers; events may be nil.
+func NewServiceHealth(log *slog.Logger, events EventFunc, opts ...ServiceHealthOption) *ServiceHealth {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &ServiceHealth{log: log, events: events, servers: map[uint16]*hcServer{}}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.healthy == nil {
+		s.healthy = func() bool { return true }
+	}
+	if s.listen == nil {
+		s.listen = listenAllAddrs
+	}
+	return s
+}
+
+// listenAllAddrs binds port on every address: Go's ":port" is one socket
+// for IPv6 and IPv4-mapped addresses, or IPv4 only where IPv6 is off.
+func listenAllAddrs(ctx context.Context, port uint16) (net.Listener, error) {
+	var lc net.ListenConfig
+	return lc.Listen(ctx, "tcp", ":"+strconv.Itoa(int(port)))
+}
+
+// hcServer is one health-check node port.
+type hcServer struct {
+	port uint16
+	svc  portal.ServiceKey
+	srv  *http.Server
+	done chan struct{}
+
+	mu             sync.Mutex
+	localEndpoints int
+}
+
+// hcWant is what one health-check node port should answer for.
+type hcWant struct {
+	svc   portal.ServiceKey
+	count int
+}
+
+// Update makes the servers match snap: one per health-check node port of a
+// Service with externalTrafficPolicy: Local, answering for the number of
+// local endpoints snap gives. It does not keep snap.
+func (s *ServiceHealth) Update(snap *portal.Snapshot) {
+	want := map[uint16]hcWant{}
+	var keys []portal.ServiceKey
+	for k, svc := range snap.Services {
+		if hcPort(svc) != 0 {
+			keys = append(keys, k)
+		}
+	}
+	// Sorted, so that on a (API-forbidden) port clash the same Service wins
+	// every time.
+	slices.SortFunc(keys, func(a, b portal.ServiceKey) int {
+		if c := compareStr(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return compareStr(a.Name, b.Name)
+	})
+	for _, k := range keys {
+		svc := snap.Services[k]
+		port := hcPort(svc)
+		w := hcWant{svc: k, count: localEndpointCount(svc)}
+		if other, taken := want[port]; taken { // forbidden by the API; first in order wins
+			s.event(k, fmt.Sprintf("health check node port %d is already served for %s", port, other.svc))
+			continue
+		}
+		want[port] = w
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for port, srv := range s.servers {
+		if w, ok := want[port]; !ok || w.svc != srv.svc {
+			srv.stop()
+			delete(s.servers, port)
+			s.log.Info("health check node port stopped", "service", srv.svc.String(), "port", port)
+		}
+	}
+	for port, w := range want {
+		if srv, ok := s.servers[port]; ok {
+			srv.setCount(w.count)
+			continue
+		}
+		srv, err := s.start(port, w)
+		if err != nil {
+			s.log.Error("cannot serve health check node port; retrying at the next sync", "service", w.svc.String(), "port", port, "err", err)
+			s.event(w.svc, fmt.Sprintf("failed to start the health check on node port %d: %v", port, err))
+			continue
+		}
+		s.servers[port] = srv
+		s.log.Info("health check node port serving", "service", w.svc.String(), "port", port, "local_endpoints", w.count)
+	}
+}
+
+func (s *ServiceHealth) event(svc portal.ServiceKey, msg string) {
+	if s.events != nil {
+		s.events(svc, ReasonHealthCheckFailed, msg)
+	}
+}
+
+// hcPort is the health-check node port svc needs served, 0 for none.
+func hcPort(svc *portal.Service) uint16 {
+	for _, p := range svc.Portals {
+		if p.ExternalLocal && p.HealthCheckNodePort != 0 {
+			return p.HealthCheckNodePort
+		}
+	}
+	return 0
+}
+
+// localEndpointCount is the number of local endpoints of svc: the most any
+// of its portals has, so that a pod counts once however many ports and
+// families the Service has.
+func localEndpointCount(svc *portal.Service) int {
+	n := 0
+	for _, p := range svc.Portals {
+		addrs := map[[16]byte]struct{}{}
+		for _, ep := range p.LocalEndpoints {
+			addrs[ep.Addr().As16()] = struct{}{}
+		}
+		n = max(n, len(addrs))
+	}
+	return n
+}
+
+func compareStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *ServiceHealth) start(port uint16, w hcWant) (*hcServer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ln, err := s.listen(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	srv := &hcServer{port: port, svc: w.svc, localEndpoints: w.count, done: make(chan struct{})}
+	srv.srv = &http.Server{
+		Handler:           &hcHandler{srv: srv, healthy: s.healthy},
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		defer close(srv.done)
+		if err := srv.srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+			s.log.Error("health check node port server failed", "service", w.svc.String(), "port", port, "err", err)
+		}
+	}()
+	return srv, nil
+}
+
+func (h *hcServer) setCount(n int) {
+	h.mu.Lock()
+	h.localEndpoints = n
+	h.mu.Unlock()
+}
+
+func (h *hcServer) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.localEndpoints
+}
+
+// stop closes the listener and every connection at once: the port must be
+// free for whoever gets it next.
+func (h *hcServer) stop() {
+	_ = h.srv.Close()
+	<-h.done
+}
+
+// Ports returns the ports being served, sorted.
+func (s *ServiceHealth) Ports() []uint16 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]uint16, 0, len(s.servers))
+	for p := range s.servers {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Close stops every server; later Updates do nothing.
+func (s *ServiceHealth) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for port, srv := range s.servers {
+		srv.stop()
+		delete(s.servers, port)
+	}
+}
+
+// hcHandler answers every path of one health-check node port.
+type hcHandler struct {
+	srv     *hcServer
+	healthy func() bool
+}
+
+// hcBody is the JSON a health-check node port answers, in kube-proxy's shape.
+type hcBody struct {
+	Service struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"service"`
+	LocalEndpoints      int  `json:"localEndpoints"`
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+}
+
+func (h *hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	var body hcBody
+	body.Service.Namespace, body.Service.Name = h.srv.svc.Namespace, h.srv.svc.Name
+	body.LocalEndpoints = h.srv.count()
+	body.ServiceProxyHealthy = h.healthy()
+	code := http.StatusServiceUnavailable
+	if body.LocalEndpoints > 0 && body.ServiceProxyHealthy {
+		code = http.StatusOK
+	}
+	out, err := json.MarshalIndent(body, "", "\t")
+	if err != nil { // cannot happen: fixed struct of strings, an int and a bool
+		out, code = []byte(`{}`), http.StatusInternalServerError
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(body.LocalEndpoints))
+	w.WriteHeader(code)
+	_, _ = w.Write(out)
+}
