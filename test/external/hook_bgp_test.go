@@ -85,24 +85,9 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 		LeaseNamespace: "default",
 		BGP:            &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
 	}
-	b, _ := json.Marshal(cfg)
 	agents := map[string]*exec.Cmd{}
 	for _, n := range []string{"node1", "node2"} {
-		cmd := exec.Command("ip", "netns", "exec", lab.name(n), os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+cp.Kubeconfig, "OHX_NODE="+n)
-		var logb strings.Builder
-		cmd.Stdout, cmd.Stderr = &logb, &logb
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		agents[n] = cmd
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			if t.Failed() {
-				t.Logf("agent %s:\n%s", n, logb.String())
-			}
-		})
+		agents[n] = lab.startAgent(n, cfg, cp.Kubeconfig)
 	}
 
 	createLB(t, c, "web", 80, func(s *corev1.Service) {
@@ -159,4 +144,27 @@ func setEndpoints(t *testing.T, c kubernetes.Interface, svc string, eps map[stri
 	if err != nil {
 		t.Fatal(fmt.Errorf("endpoint slice: %w", err))
 	}
+}
+
+// startAgent runs a Hook (hookMain) for node n inside its namespace; it is
+// killed at cleanup, its log shown when the test failed.
+func (tp *topo) startAgent(n string, cfg external.Config, kubeconfig string) *exec.Cmd {
+	t := tp.t
+	t.Helper()
+	b, _ := json.Marshal(cfg)
+	cmd := exec.Command("ip", "netns", "exec", tp.name(n), os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+kubeconfig, "OHX_NODE="+n)
+	logb := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = logb, logb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("agent %s:\n%s", n, logb.String())
+		}
+	})
+	return cmd
 }
