@@ -1,0 +1,454 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// ConntrackCleaner deletes the UDP and SCTP conntrack entries that a
+// Service change leaves pointing the wrong way, as kube-proxy does. A
+// datagram flow has no handshake to fail: while its entry lives (refreshed
+// by every datagram) new datagrams follow it, so
+//
+//   - when an endpoint goes away, entries DNATed to it would keep sending
+//     datagrams to a pod that is gone: entries to the Service's cluster,
+//     external and load-balancer IPs and NodePort whose reply source (the
+//     DNAT target) is no longer an endpoint are deleted;
+//   - when a Service port goes from no endpoints to some (or is created, or
+//     re-created), entries made while it had none were not DNATed (routed
+//     elsewhere, or recorded while rejected): entries to those addresses
+//     and the NodePort that were not DNATed are deleted, so the next
+//     datagram is load-balanced;
+//   - when an address or NodePort is removed from a Service, entries DNATed
+//     through it are deleted.
+//
+// Apply is meant to run after every applied sync (Runner.OnApplied). It
+// remembers the Services it saw (the immutable *portal.Service values, not
+// the snapshot's map) to compare with the next snapshot. Cleaning one
+// change costs one dump of the conntrack table per IP family involved;
+// syncs without UDP or SCTP changes cost a walk over the Services and no
+// netlink message.
+//
+// SCTP entries are matched by address only: the netlink library does not
+// decode SCTP ports, so an SCTP flow counts as stale when its destination
+// is a Service IP with SCTP ports and its DNAT target is none of their
+// endpoints' addresses; SCTP NodePorts are not cleaned.
+type ConntrackCleaner struct {
+	log     *slog.Logger
+	netnsFD int
+
+	mu     sync.Mutex
+	handle *netlink.Handle
+	// prev holds the Services with UDP or SCTP portals as last applied
+	// successfully; nil before the first Apply.
+	prev map[portal.ServiceKey]*portal.Service
+}
+
+// NewConntrackCleaner returns a cleaner for the network namespace behind
+// netnsFD (-1: the current one). The netlink socket is opened on first use.
+func NewConntrackCleaner(log *slog.Logger, netnsFD int) *ConntrackCleaner {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ConntrackCleaner{log: log, netnsFD: netnsFD}
+}
+
+// OnApplied is Apply for Runner.OnApplied: errors are logged, and the same
+// changes are cleaned again at the next call.
+func (c *ConntrackCleaner) OnApplied(snap *portal.Snapshot) {
+	if _, err := c.Apply(snap); err != nil {
+		c.log.Error("conntrack cleanup failed; retrying at the next sync", "err", err)
+	}
+}
+
+// Apply deletes the entries that the change from the previously applied
+// snapshot to snap makes stale, and returns how many it deleted. On error
+// snap is not remembered, so the next Apply cleans these changes again.
+// It does not keep snap.Services.
+func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	began := time.Now()
+	f, next := planConntrack(c.prev, snap)
+	if f.empty() {
+		c.prev = next
+		return 0, nil
+	}
+	h, err := c.netlink()
+	if err != nil {
+		return 0, err
+	}
+	var total uint
+	var errs []error
+	for _, fam := range f.families() {
+		n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f)
+		total += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("conntrack delete (family %d): %w", fam, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return total, err
+	}
+	c.prev = next
+	c.log.Info("conntrack cleaned", "deleted", total, "service_ports", f.ports, "took", time.Since(began).Round(time.Microsecond))
+	return total, nil
+}
+
+func (c *ConntrackCleaner) netlink() (*netlink.Handle, error) {
+	if c.handle != nil {
+		return c.handle, nil
+	}
+	var (
+		h   *netlink.Handle
+		err error
+	)
+	if c.netnsFD < 0 {
+		h, err = netlink.NewHandle(unix.NETLINK_NETFILTER)
+	} else {
+		h, err = netlink.NewHandleAt(netns.NsHandle(c.netnsFD), unix.NETLINK_NETFILTER)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("conntrack netlink socket: %w", err)
+	}
+	c.handle = h
+	return h, nil
+}
+
+// Close releases the netlink socket.
+func (c *ConntrackCleaner) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handle != nil {
+		c.handle.Close()
+		c.handle = nil
+	}
+}
+
+// ctVIP is a Service address and port: an original destination.
+type ctVIP struct {
+	proto uint8
+	addr  netip.Addr
+	port  uint16 // 0 for SCTP (ports are not decoded)
+}
+
+// ctNodePort is a NodePort in one family.
+type ctNodePort struct {
+	proto  uint8
+	family portal.Family
+	port   uint16
+}
+
+// ctTarget says which flows to a destination are still right.
+type ctTarget struct {
+	// endpoints are the current DNAT targets; a DNATed flow to another is
+	// stale. For SCTP only the addresses count (port 0).
+	endpoints map[netip.AddrPort]struct{}
+	// serving: the destination has endpoints, so a flow that was not
+	// DNATed is stale.
+	serving bool
+}
+
+// conntrackFilter matches the stale entries of the changed Service ports.
+// It implements netlink.CustomConntrackFilter.
+type conntrackFilter struct {
+	vips      map[ctVIP]*ctTarget
+	nodePorts map[ctNodePort]*ctTarget
+	// nodeAddrs are the addresses NodePorts are served on; empty means any.
+	nodeAddrs map[netip.Addr]struct{}
+	ports     int // changed service ports, for the log
+	v4, v6    bool
+}
+
+func (f *conntrackFilter) empty() bool { return len(f.vips) == 0 && len(f.nodePorts) == 0 }
+
+func (f *conntrackFilter) families() []netlink.InetFamily {
+	var out []netlink.InetFamily
+	if f.v4 {
+		out = append(out, unix.AF_INET)
+	}
+	if f.v6 {
+		out = append(out, unix.AF_INET6)
+	}
+	return out
+}
+
+func toAddr(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+// MatchConntrackFlow reports whether flow is stale.
+func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	proto := flow.Forward.Protocol
+	if proto != uint8(portal.UDP) && proto != uint8(portal.SCTP) {
+		return false
+	}
+	dst := toAddr(flow.Forward.DstIP)
+	dport := flow.Forward.DstPort
+	replySrc := netip.AddrPortFrom(toAddr(flow.Reverse.SrcIP), flow.Reverse.SrcPort)
+	if proto == uint8(portal.SCTP) {
+		dport, replySrc = 0, netip.AddrPortFrom(replySrc.Addr(), 0)
+	}
+	natted := replySrc != netip.AddrPortFrom(dst, dport)
+	if t, ok := f.vips[ctVIP{proto, dst, dport}]; ok {
+		return t.stale(natted, replySrc)
+	}
+	if proto != uint8(portal.UDP) {
+		return false
+	}
+	if t, ok := f.nodePorts[ctNodePort{proto, portal.FamilyOf(dst), dport}]; ok {
+		if len(f.nodeAddrs) > 0 {
+			if _, local := f.nodeAddrs[dst]; !local {
+				return false
+			}
+		}
+		return t.stale(natted, replySrc)
+	}
+	return false
+}
+
+func (t *ctTarget) stale(natted bool, replySrc netip.AddrPort) bool {
+	if !natted {
+		return t.serving
+	}
+	_, ok := t.endpoints[replySrc]
+	return !ok
+}
+
+// isDatagram reports whether p's protocol needs conntrack cleanup.
+func isDatagram(p *portal.Portal) bool {
+	return p.Key.Protocol == portal.UDP || p.Key.Protocol == portal.SCTP
+}
+
+func hasDatagram(svc *portal.Service) bool {
+	for _, p := range svc.Portals {
+		if isDatagram(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// planConntrack compares the remembered Services with snap and returns the
+// filter of stale entries and the Services to remember next. Services are
+// compared by pointer: the producer builds a new *Service when one changes.
+func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snapshot) (*conntrackFilter, map[portal.ServiceKey]*portal.Service) {
+	f := &conntrackFilter{vips: map[ctVIP]*ctTarget{}, nodePorts: map[ctNodePort]*ctTarget{}}
+	for _, a := range snap.Node.NodePortAddrs {
+		if f.nodeAddrs == nil {
+			f.nodeAddrs = map[netip.Addr]struct{}{}
+		}
+		f.nodeAddrs[a.Unmap()] = struct{}{}
+	}
+	next := make(map[portal.ServiceKey]*portal.Service, len(prev))
+	for k, svc := range snap.Services {
+		if !hasDatagram(svc) {
+			continue
+		}
+		next[k] = svc
+		if old := prev[k]; old != svc {
+			f.addChange(old, svc)
+		}
+	}
+	for k, old := range prev {
+		if _, ok := next[k]; !ok {
+			f.addChange(old, snap.Services[k]) // deleted, or no UDP/SCTP port left
+		}
+	}
+	f.scopeSCTP(snap)
+	return f, next
+}
+
+// portalsByKey indexes svc's UDP and SCTP portals.
+func portalsByKey(svc *portal.Service) map[portal.PortKey]*portal.Portal {
+	out := map[portal.PortKey]*portal.Portal{}
+	if svc == nil {
+		return out
+	}
+	for _, p := range svc.Portals {
+		if isDatagram(p) {
+			out[p.Key] = p
+		}
+	}
+	return out
+}
+
+// endpointSet is every DNAT target p uses: cluster and local endpoints.
+func endpointSet(p *portal.Portal) map[netip.AddrPort]struct{} {
+	out := map[netip.AddrPort]struct{}{}
+	if p == nil {
+		return out
+	}
+	sctp := p.Key.Protocol == portal.SCTP
+	for _, list := range [][]netip.AddrPort{p.ClusterEndpoints, p.LocalEndpoints} {
+		for _, ep := range list {
+			if sctp {
+				ep = netip.AddrPortFrom(ep.Addr(), 0)
+			}
+			out[netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())] = struct{}{}
+		}
+	}
+	return out
+}
+
+// vipsOf lists p's addresses (cluster, external, load-balancer) as
+// original destinations.
+func vipsOf(p *portal.Portal) []ctVIP {
+	if p == nil {
+		return nil
+	}
+	port := p.Port
+	if p.Key.Protocol == portal.SCTP {
+		port = 0
+	}
+	var out []ctVIP
+	for _, list := range [][]netip.Addr{p.ClusterIPs, p.ExternalIPs, p.LoadBalancerIPs} {
+		for _, a := range list {
+			out = append(out, ctVIP{uint8(p.Key.Protocol), a.Unmap(), port})
+		}
+	}
+	return out
+}
+
+// addChange adds the destinations of the Service ports that changed from
+// old to cur (either may be nil) in a way that leaves stale entries.
+func (f *conntrackFilter) addChange(old, cur *portal.Service) {
+	olds, curs := portalsByKey(old), portalsByKey(cur)
+	for key, o := range olds {
+		if _, ok := curs[key]; !ok {
+			f.addPort(o, nil)
+		}
+	}
+	for _, c := range curs {
+		f.addPort(olds[c.Key], c)
+	}
+}
+
+// addPort adds one Service port's destinations when its change from o to c
+// (either may be nil) can leave stale entries.
+func (f *conntrackFilter) addPort(o, c *portal.Portal) {
+	oldEPs, curEPs := endpointSet(o), endpointSet(c)
+	lost := false
+	for ep := range oldEPs {
+		if _, ok := curEPs[ep]; !ok {
+			lost = true
+			break
+		}
+	}
+	became := len(curEPs) > 0 && len(oldEPs) == 0 // includes created and re-created
+	curVIPs := map[ctVIP]bool{}
+	for _, v := range vipsOf(c) {
+		curVIPs[v] = true
+	}
+	goneVIPs := false
+	for _, v := range vipsOf(o) {
+		if !curVIPs[v] {
+			goneVIPs = true
+		}
+	}
+	var oldNP, curNP uint16
+	if o != nil {
+		oldNP = o.NodePort
+	}
+	if c != nil {
+		curNP = c.NodePort
+	}
+	goneNP := oldNP != 0 && oldNP != curNP
+	if !lost && !became && !goneVIPs && !goneNP {
+		return
+	}
+	f.ports++
+	either := c
+	if either == nil {
+		either = o
+	}
+	family := either.Key.Family // o and c share their PortKey
+	if family == portal.IPv6 {
+		f.v6 = true
+	} else {
+		f.v4 = true
+	}
+	cur := &ctTarget{endpoints: curEPs, serving: len(curEPs) > 0}
+	gone := &ctTarget{endpoints: map[netip.AddrPort]struct{}{}}
+	for v := range curVIPs {
+		f.addVIP(v, cur)
+	}
+	for _, v := range vipsOf(o) {
+		if !curVIPs[v] {
+			f.addVIP(v, gone)
+		}
+	}
+	if either.Key.Protocol != portal.UDP {
+		return // SCTP NodePorts: ports are not decoded
+	}
+	proto := uint8(portal.UDP)
+	if curNP != 0 {
+		f.nodePorts[ctNodePort{proto, family, curNP}] = cur
+	}
+	if goneNP {
+		if _, still := f.nodePorts[ctNodePort{proto, family, oldNP}]; !still {
+			f.nodePorts[ctNodePort{proto, family, oldNP}] = gone
+		}
+	}
+}
+
+// addVIP records t for v; a destination already recorded keeps its current
+// state (an address that moved between Services counts for its new one).
+func (f *conntrackFilter) addVIP(v ctVIP, t *ctTarget) {
+	if have, ok := f.vips[v]; ok && (have.serving || len(have.endpoints) > 0) {
+		return
+	}
+	f.vips[v] = t
+}
+
+// scopeSCTP widens each SCTP destination to the endpoints of every SCTP
+// port on that address: without ports, a flow to another SCTP port of the
+// same address must not look stale.
+func (f *conntrackFilter) scopeSCTP(snap *portal.Snapshot) {
+	need := map[netip.Addr]*ctTarget{}
+	for v, t := range f.vips {
+		if v.proto == uint8(portal.SCTP) {
+			need[v.addr] = t
+		}
+	}
+	if len(need) == 0 {
+		return
+	}
+	for _, svc := range snap.Services {
+		for _, p := range svc.Portals {
+			if p.Key.Protocol != portal.SCTP {
+				continue
+			}
+			for _, v := range vipsOf(p) {
+				t, ok := need[v.addr]
+				if !ok {
+					continue
+				}
+				eps := endpointSet(p)
+				if len(eps) > 0 {
+					merged := &ctTarget{endpoints: map[netip.AddrPort]struct{}{}, serving: t.serving}
+					for ep := range t.endpoints {
+						merged.endpoints[ep] = struct{}{}
+					}
+					for ep := range eps {
+						merged.endpoints[ep] = struct{}{}
+					}
+					need[v.addr] = merged
+					f.vips[ctVIP{uint8(portal.SCTP), v.addr, 0}] = merged
+				}
+			}
+		}
+	}
+}

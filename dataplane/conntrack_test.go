@@ -1,0 +1,212 @@
+package dataplane
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// Unit tests of the stale-entry rules on synthetic flows; the real kernel
+// test is in test/conntrack.
+
+const (
+	vip      = "10.96.0.10"
+	extVIP   = "203.0.113.7"
+	nodeAddr = "192.0.2.11"
+	client   = "198.51.100.10"
+)
+
+// udpService is one Service with a UDP port 53 (and NodePort 30053) and the
+// given endpoint IPs on port 5353.
+func udpService(name string, proto portal.Protocol, eps ...string) *portal.Service {
+	key := portal.ServiceKey{Namespace: "default", Name: name}
+	p := &portal.Portal{
+		Key:         portal.PortKey{Service: key, Port: "dns", Protocol: proto, Family: portal.IPv4},
+		Port:        53,
+		ClusterIPs:  []netip.Addr{netip.MustParseAddr(vip)},
+		ExternalIPs: []netip.Addr{netip.MustParseAddr(extVIP)},
+		NodePort:    30053,
+	}
+	for _, ep := range eps {
+		p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(netip.MustParseAddr(ep), 5353))
+	}
+	return &portal.Service{Key: key, Portals: []*portal.Portal{p}}
+}
+
+func ctSnap(svcs ...*portal.Service) *portal.Snapshot {
+	s := snapOf(svcs...)
+	s.Node.NodePortAddrs = []netip.Addr{netip.MustParseAddr(nodeAddr)}
+	return s
+}
+
+// flow is a conntrack entry: client:40000 -> dst:dport, answered by
+// replySrc:replyPort (dst:dport itself when not DNATed).
+func flow(proto uint8, dst string, dport uint16, replySrc string, replyPort uint16) *netlink.ConntrackFlow {
+	return &netlink.ConntrackFlow{
+		Forward: netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP(client), SrcPort: 40000, DstIP: net.ParseIP(dst), DstPort: dport},
+		Reverse: netlink.IPTuple{Protocol: proto, SrcIP: net.ParseIP(replySrc), SrcPort: replyPort, DstIP: net.ParseIP(client), DstPort: 40000},
+	}
+}
+
+func notNATed(proto uint8, dst string, dport uint16) *netlink.ConntrackFlow {
+	return flow(proto, dst, dport, dst, dport)
+}
+
+type flowCase struct {
+	name  string
+	flow  *netlink.ConntrackFlow
+	stale bool
+}
+
+func checkFlows(t *testing.T, f *conntrackFilter, cases []flowCase) {
+	t.Helper()
+	for _, c := range cases {
+		if got := f.MatchConntrackFlow(c.flow); got != c.stale {
+			t.Errorf("%s: stale = %v, want %v", c.name, got, c.stale)
+		}
+	}
+}
+
+const udp, tcp, sctp = uint8(portal.UDP), uint8(portal.TCP), uint8(portal.SCTP)
+
+func TestConntrackEndpointGone(t *testing.T) {
+	prev := map[portal.ServiceKey]*portal.Service{}
+	before := udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")
+	prev[before.Key] = before
+	f, next := planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.2.10")))
+	if len(next) != 1 {
+		t.Fatalf("remembered %d services, want 1", len(next))
+	}
+	checkFlows(t, f, []flowCase{
+		{"cluster IP DNATed to the gone endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), true},
+		{"external IP DNATed to the gone endpoint", flow(udp, extVIP, 53, "10.244.1.10", 5353), true},
+		{"NodePort DNATed to the gone endpoint", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), true},
+		{"cluster IP DNATed to the remaining endpoint", flow(udp, vip, 53, "10.244.2.10", 5353), false},
+		{"NodePort DNATed to the remaining endpoint", flow(udp, nodeAddr, 30053, "10.244.2.10", 5353), false},
+		{"TCP to the cluster IP", flow(tcp, vip, 53, "10.244.1.10", 5353), false},
+		{"another port of the cluster IP", flow(udp, vip, 54, "10.244.1.10", 5353), false},
+		{"NodePort number on an address NodePorts are not served on", flow(udp, "10.0.0.1", 30053, "10.244.1.10", 5353), false},
+		{"unrelated flow to the pod", flow(udp, "10.244.1.10", 5353, "10.244.1.10", 5353), false},
+	})
+}
+
+func TestConntrackNoChangeNoWork(t *testing.T) {
+	svc := udpService("dns", portal.UDP, "10.244.1.10")
+	tcpOnly := udpService("web", portal.TCP, "10.244.1.10")
+	prev := map[portal.ServiceKey]*portal.Service{svc.Key: svc}
+	f, next := planConntrack(prev, ctSnap(svc, tcpOnly))
+	if !f.empty() {
+		t.Errorf("unchanged UDP Service and a TCP Service gave work: %+v", f)
+	}
+	if _, ok := next[tcpOnly.Key]; ok {
+		t.Error("TCP-only Service remembered")
+	}
+	// A new endpoint next to a kept one leaves nothing stale.
+	f, _ = planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")))
+	if !f.empty() {
+		t.Errorf("an added endpoint gave work: %+v", f)
+	}
+}
+
+func TestConntrackFromNoEndpoints(t *testing.T) {
+	empty := udpService("dns", portal.UDP)
+	for name, prev := range map[string]map[portal.ServiceKey]*portal.Service{
+		"scale 0 -> 1":           {empty.Key: empty},
+		"created":                {},
+		"first sync after start": nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, _ := planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.1.10")))
+			checkFlows(t, f, []flowCase{
+				{"cluster IP not DNATed", notNATed(udp, vip, 53), true},
+				{"external IP not DNATed", notNATed(udp, extVIP, 53), true},
+				{"NodePort not DNATed", notNATed(udp, nodeAddr, 30053), true},
+				{"cluster IP DNATed to the endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), false},
+				{"TCP not DNATed", notNATed(tcp, vip, 53), false},
+			})
+		})
+	}
+}
+
+func TestConntrackToNoEndpoints(t *testing.T) {
+	before := udpService("dns", portal.UDP, "10.244.1.10")
+	f, _ := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap(udpService("dns", portal.UDP)))
+	checkFlows(t, f, []flowCase{
+		{"DNATed to the gone endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), true},
+		{"not DNATed while no endpoint exists", notNATed(udp, vip, 53), false},
+	})
+}
+
+func TestConntrackServiceDeletedAndAddressRemoved(t *testing.T) {
+	before := udpService("dns", portal.UDP, "10.244.1.10")
+	f, next := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap())
+	if len(next) != 0 {
+		t.Errorf("deleted Service still remembered")
+	}
+	checkFlows(t, f, []flowCase{
+		{"cluster IP DNATed after delete", flow(udp, vip, 53, "10.244.1.10", 5353), true},
+		{"NodePort DNATed after delete", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), true},
+		{"not DNATed after delete", notNATed(udp, vip, 53), false},
+	})
+
+	// The external IP and the NodePort are removed; the endpoint stays.
+	after := udpService("dns", portal.UDP, "10.244.1.10")
+	after.Portals[0].ExternalIPs = nil
+	after.Portals[0].NodePort = 0
+	f, _ = planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap(after))
+	checkFlows(t, f, []flowCase{
+		{"removed external IP, DNATed", flow(udp, extVIP, 53, "10.244.1.10", 5353), true},
+		{"removed NodePort, DNATed", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), true},
+		{"kept cluster IP, DNATed to the kept endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), false},
+	})
+}
+
+func TestConntrackLocalEndpointsCount(t *testing.T) {
+	// externalTrafficPolicy Local: external flows go to local endpoints,
+	// which stay valid DNAT targets.
+	before := udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")
+	after := udpService("dns", portal.UDP, "10.244.2.10")
+	after.Portals[0].LocalEndpoints = []netip.AddrPort{netip.MustParseAddrPort("10.244.3.10:5353")}
+	f, _ := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap(after))
+	checkFlows(t, f, []flowCase{
+		{"NodePort DNATed to a local endpoint", flow(udp, nodeAddr, 30053, "10.244.3.10", 5353), false},
+		{"NodePort DNATed to the gone endpoint", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), true},
+	})
+}
+
+func TestConntrackSCTPByAddress(t *testing.T) {
+	before := udpService("assoc", portal.SCTP, "10.244.1.10", "10.244.2.10")
+	f, _ := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap(udpService("assoc", portal.SCTP, "10.244.2.10")))
+	// The library leaves SCTP ports at 0.
+	checkFlows(t, f, []flowCase{
+		{"SCTP DNATed to the gone endpoint", flow(sctp, vip, 0, "10.244.1.10", 0), true},
+		{"SCTP DNATed to the remaining endpoint", flow(sctp, vip, 0, "10.244.2.10", 0), false},
+		{"SCTP to the NodePort address (not decoded)", flow(sctp, nodeAddr, 0, "10.244.1.10", 0), false},
+		{"UDP to the cluster IP", flow(udp, vip, 53, "10.244.1.10", 5353), false},
+	})
+}
+
+func TestConntrackIPv6Family(t *testing.T) {
+	key := portal.ServiceKey{Namespace: "default", Name: "v6"}
+	mk := func(eps ...string) *portal.Service {
+		p := &portal.Portal{Key: portal.PortKey{Service: key, Protocol: portal.UDP, Family: portal.IPv6}, Port: 53,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::10")}}
+		for _, ep := range eps {
+			p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(netip.MustParseAddr(ep), 5353))
+		}
+		return &portal.Service{Key: key, Portals: []*portal.Portal{p}}
+	}
+	before := mk("fd00:244:1::10")
+	f, _ := planConntrack(map[portal.ServiceKey]*portal.Service{key: before}, ctSnap(mk("fd00:244:2::10")))
+	if fams := f.families(); len(fams) != 1 || fams[0] != 10 /* AF_INET6 */ {
+		t.Errorf("families %v, want only AF_INET6", fams)
+	}
+	checkFlows(t, f, []flowCase{
+		{"v6 DNATed to the gone endpoint", flow(udp, "fd00:96::10", 53, "fd00:244:1::10", 5353), true},
+		{"v6 DNATed to the new endpoint", flow(udp, "fd00:96::10", 53, "fd00:244:2::10", 5353), false},
+	})
+}
