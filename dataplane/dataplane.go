@@ -46,6 +46,10 @@ type Config struct {
 	// ClusterCIDRs are the pod networks; traffic to a cluster IP from
 	// outside them is masqueraded. Empty means: never (unless MasqueradeAll).
 	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the cluster-IP ranges: traffic to an unallocated
+	// address in them is dropped, and to an undefined port of an allocated
+	// cluster IP rejected. Empty: no such checks.
+	ServiceCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all traffic to Services.
 	MasqueradeAll bool
 	// MasqueradeBit is the packet mark bit that requests masquerade.

@@ -30,6 +30,7 @@ type Backend struct {
 	services map[portal.ServiceKey]*appliedService
 	owners   map[string]portal.PortKey // elem id -> portal that owns it
 	refs     map[string]int            // shared element id -> portals using it
+	affSets  map[string]bool           // affinity maps in the table
 	npIPs    []netip.Addr
 	// ids number the chains that pick from the endpoint maps: an endpoint
 	// element's key is chain id . index.
@@ -76,6 +77,7 @@ func (b *Backend) reset() {
 	b.services = map[portal.ServiceKey]*appliedService{}
 	b.owners = map[string]portal.PortKey{}
 	b.refs = map[string]int{}
+	b.affSets = map[string]bool{}
 	b.npIPs = nil
 	b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	b.chains, b.elements = 0, 0

@@ -135,3 +135,11 @@ func matchL4Proto(p portal.Protocol) []expr.Any {
 func masquerade() expr.Any { return &expr.Masq{FullyRandom: true} }
 
 func counter() expr.Any { return &expr.Counter{} }
+
+// matchLocalSource: fib saddr type local (traffic from this node).
+func matchLocalSource() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}

@@ -21,6 +21,7 @@ const (
 	chainServices       = "services"
 	chainNoEndpoints    = "noep-check"
 	chainReject         = "reject"
+	chainDrop           = "drop"
 )
 
 // fam returns the "4" or "6" suffix of family-specific objects.
@@ -40,6 +41,7 @@ func setHairpin(f portal.Family) string       { return "hairpin" + fam(f) }
 func setClusterIPs(f portal.Family) string    { return "cluster-ips" + fam(f) }
 func setExtMarks(f portal.Family) string      { return "ext-marks" + fam(f) }
 func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
+func setAffinityEps(f portal.Family) string   { return "aff-eps" + fam(f) }
 
 // endpointShards spreads the endpoint maps: binding a rule to a data map
 // makes the kernel walk all of the map's elements, so a Service's rule must
@@ -57,6 +59,7 @@ const (
 	kindService  = "svc"
 	kindExternal = "ext"
 	kindAll      = "all" // all endpoints, when the svc chain only has local ones
+	kindFirewall = "fw"  // loadBalancerSourceRanges
 )
 
 func portalChain(kind string, k portal.PortKey) string {

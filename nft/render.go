@@ -1,26 +1,52 @@
 package nft
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/onehop/onehop/dataplane"
 
 	"github.com/onehop/onehop/portal"
 )
 
 // chainBody is the content of one per-portal chain, in a form that can be
-// compared with what was applied before.
+// compared with what was applied before. Its rules, in order:
+// sourceRanges (goto gotoChain when the source is in one, else drop);
+// shortCircuit (traffic from pods and the node goes there instead);
+// gotoChain alone (mark, then continue there); DNAT to one of endpoints,
+// with ClientIP affinity when affinity > 0; drop when dropIfEmpty and
+// there are no endpoints.
 type chainBody struct {
-	// mark sets the masquerade bit (external traffic that needs its own
-	// chain).
-	mark bool
-	// endpoints are DNAT targets, picked at random; empty with gotoChain set
-	// means the chain only marks and continues there.
-	endpoints []netip.AddrPort
-	gotoChain string
+	family       portal.Family
+	sourceRanges []netip.Prefix
+	shortCircuit string
+	mark         bool
+	gotoChain    string
+	endpoints    []netip.AddrPort
+	affinity     uint32 // seconds
+	dropIfEmpty  bool
 }
 
 func (b chainBody) equal(o chainBody) bool {
-	return b.mark == o.mark && b.gotoChain == o.gotoChain && slices.Equal(b.endpoints, o.endpoints)
+	return b.sameRules(o) && slices.Equal(b.endpoints, o.endpoints)
+}
+
+// sameRules: everything but the endpoints' values is the same.
+func (b chainBody) sameRules(o chainBody) bool {
+	return b.family == o.family && slices.Equal(b.sourceRanges, o.sourceRanges) && b.shortCircuit == o.shortCircuit &&
+		b.mark == o.mark && b.gotoChain == o.gotoChain && b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
+		len(b.endpoints) == len(o.endpoints)
+}
+
+// affinitySet names the map of client -> endpoint of a chain with
+// affinity; the timeout is part of the name so that a changed timeout is a
+// new set.
+func (b chainBody) affinitySet(chain string) string {
+	if b.affinity == 0 || len(b.endpoints) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("aff%d:%s", b.affinity, chain)
 }
 
 // elem is one element of a named set or map; chain is the goto target of a
@@ -48,54 +74,80 @@ type objects struct {
 // render computes the kernel objects for one portal. It is pure.
 //
 // Traffic to a cluster IP goes to the portal's svc chain, which DNATs to an
-// endpoint. External traffic under the Cluster policy goes there too, and is
-// marked for masquerade by the services chain through the ext-marks and
-// np-marks sets, so that it needs no chain of its own.
-func render(p *portal.Portal) *objects {
+// endpoint. External traffic under the Cluster policy goes there too (or to
+// the all chain when the svc chain only has local endpoints), marked for
+// masquerade by the services chain through the ext-marks and np-marks
+// sets. Under the Local policy it goes to the ext chain, which sends pods'
+// and the node's own traffic to all endpoints and everything else to this
+// node's endpoints, unmasqueraded, or drops it. loadBalancerSourceRanges
+// put an fw chain in front.
+func render(p *portal.Portal, cfg dataplane.Config) *objects {
 	o := &objects{chains: map[string]chainBody{}}
 	k := p.Key
 	f := k.Family
 	svcChain := portalChain(kindService, k)
+	aff := p.Affinity.TimeoutSeconds
 
 	internal := p.ClusterEndpoints
 	if p.InternalLocal {
 		internal = p.LocalEndpoints
 	}
 	if len(internal) > 0 {
-		o.chains[svcChain] = chainBody{endpoints: internal}
+		o.chains[svcChain] = chainBody{family: f, endpoints: internal, affinity: aff}
 	}
 	for _, ip := range p.ClusterIPs {
-		o.elems = append(o.elems, target(entryClusterIP, setVIPs(f), setNoEndpoints(f), vipKey(ip, k.Protocol, p.Port), svcChain, len(internal) > 0))
+		key := vipKey(ip, k.Protocol, p.Port)
+		switch {
+		case len(internal) > 0:
+			o.elems = append(o.elems, elem{set: setVIPs(f), key: string(key), chain: svcChain, comment: entryClusterIP + " " + svcChain})
+		case p.InternalLocal && len(p.ClusterEndpoints) > 0:
+			// Endpoints exist, none here: drop, as kube-proxy, rather than
+			// tell the client the port is closed.
+			o.elems = append(o.elems, elem{set: setNoEndpoints(f), key: string(key), chain: chainDrop, comment: entryClusterIP + " " + svcChain})
+		default:
+			o.elems = append(o.elems, elem{set: setNoEndpoints(f), key: string(key), chain: chainReject, comment: entryClusterIP + " " + svcChain})
+		}
 		o.shared = append(o.shared, elem{set: setClusterIPs(f), key: string(addrBytes(ip))})
 	}
 
 	if p.HasExternal() {
-		external := p.ClusterEndpoints
-		extChain := svcChain
-		if p.InternalLocal && len(external) > 0 {
-			// The svc chain only reaches local endpoints; external traffic
-			// under the Cluster policy needs all of them.
-			extChain = portalChain(kindAll, k)
-			o.chains[extChain] = chainBody{endpoints: external}
+		hasEps := len(p.ClusterEndpoints) > 0
+		allChain := svcChain
+		if p.InternalLocal && hasEps {
+			allChain = portalChain(kindAll, k)
+			o.chains[allChain] = chainBody{family: f, endpoints: p.ClusterEndpoints, affinity: aff}
 		}
-		hasEps := len(external) > 0
-		addExt := func(entry string, ip netip.Addr) {
+		target, mark := allChain, true
+		if p.ExternalLocal && hasEps {
+			target, mark = portalChain(kindExternal, k), false
+			o.chains[target] = chainBody{family: f, shortCircuit: allChain, endpoints: p.LocalEndpoints, affinity: aff, dropIfEmpty: true}
+		}
+		fwTarget := target
+		if len(p.SourceRanges) > 0 && hasEps {
+			fwTarget = portalChain(kindFirewall, k)
+			o.chains[fwTarget] = chainBody{family: f, sourceRanges: p.SourceRanges, gotoChain: target}
+		}
+		addExt := func(entry string, ip netip.Addr, to string) {
 			key := vipKey(ip, k.Protocol, p.Port)
-			o.elems = append(o.elems, target(entry, setVIPs(f), setNoEndpoints(f), key, extChain, hasEps))
-			if hasEps {
+			o.elems = append(o.elems, targetElem(entry, setVIPs(f), setNoEndpoints(f), key, to, hasEps))
+			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setExtMarks(f), key: string(key)})
 			}
 		}
 		for _, ip := range p.ExternalIPs {
-			addExt(entryExternalIP, ip)
+			addExt(entryExternalIP, ip, target)
 		}
 		for _, ip := range p.LoadBalancerIPs {
-			addExt(entryLoadBalancer, ip)
+			addExt(entryLoadBalancer, ip, fwTarget)
 		}
 		if p.NodePort != 0 {
+			to := target
+			if cfg.SourceRangesOnNodePorts {
+				to = fwTarget
+			}
 			key := protoPortKey(k.Protocol, p.NodePort)
-			o.elems = append(o.elems, target(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), key, extChain, hasEps))
-			if hasEps {
+			o.elems = append(o.elems, targetElem(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), key, to, hasEps))
+			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setNodePortMarks(f), key: string(key)})
 			}
 		}
@@ -116,7 +168,7 @@ func render(p *portal.Portal) *objects {
 
 // target is the element that sends key to chain, or to the reject chain
 // when there are no endpoints.
-func target(entry, set, noepSet string, key []byte, chain string, hasEndpoints bool) elem {
+func targetElem(entry, set, noepSet string, key []byte, chain string, hasEndpoints bool) elem {
 	comment := entry + " " + chain
 	if hasEndpoints {
 		return elem{set: set, key: string(key), chain: chain, comment: comment}

@@ -35,6 +35,8 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setExtMarks(f), Concatenation: true, KeyType: vipType},
 			&nftables.Set{Table: t, Name: setNodePortMarks(f), Concatenation: true, KeyType: ppType},
+			&nftables.Set{Table: t, Name: setAffinityEps(f), Concatenation: true,
+				KeyType: nftables.MustConcatSetType(nftables.TypeInteger, addrType(f), nftables.TypeInetService)},
 			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
 		)
 		for i := uint32(0); i < endpointShards; i++ {
@@ -62,7 +64,7 @@ var baseChains = []chainSpec{
 	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, -10},
 }
 
-var regularChains = []string{chainServices, chainNoEndpoints, chainReject}
+var regularChains = []string{chainServices, chainNoEndpoints, chainReject, chainDrop}
 
 // fixedRules returns the rules of the fixed chains, by chain name, in order.
 func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
@@ -93,8 +95,22 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 			cat(np, []expr.Any{vmap(setNodePorts(f))}))
 		check = append(check, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
 	}
+	for _, f := range families {
+		// Not DNATed and not in the no-endpoints maps: an undefined port of
+		// a cluster IP (reject), or an unallocated cluster IP (drop).
+		if !hasFamily(cfg.ServiceCIDRs, f) {
+			continue
+		}
+		check = append(check, cat(matchFamily(f), []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false), verdict(expr.VerdictGoto, chainReject)}))
+		for _, p := range cfg.ServiceCIDRs {
+			if portal.FamilyOf(p.Addr()) == f {
+				check = append(check, cat(matchFamily(f), matchPrefix(f, true, p, expr.CmpOpEq), []expr.Any{counter(), verdict(expr.VerdictDrop, "")}))
+			}
+		}
+	}
 	r[chainServices] = services
 	r[chainNoEndpoints] = check
+	r[chainDrop] = [][]expr.Any{{counter(), verdict(expr.VerdictDrop, "")}}
 	r[chainReject] = [][]expr.Any{
 		cat(matchL4Proto(portal.TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}),
 		{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},

@@ -15,17 +15,19 @@ import (
 // through it, a client outside the cluster and an upstream dead end (so that
 // traffic for addresses without endpoints is forwarded, not unroutable).
 //
-//	client 198.51.100.2 --- 198.51.100.1 node 10.244.N.1 --- 10.244.N.2 podN
+//	client  198.51.100.2   --- 198.51.100.1   node 10.244.N.1 --- 10.244.N.2 podN
+//	client2 198.51.100.130 --- 198.51.100.129
 //	                                         192.0.2.1 --- 192.0.2.2 upstream (default route)
 type topo struct {
-	node, client, upstream *nsutil.NS
-	pods                   []*nsutil.NS
-	b                      *Backend
+	node, client, client2, upstream *nsutil.NS
+	pods                            []*nsutil.NS
+	b                               *Backend
 }
 
 const (
-	nodeIP   = "198.51.100.1"
-	clientIP = "198.51.100.2"
+	nodeIP    = "198.51.100.1"
+	clientIP  = "198.51.100.2"
+	client2IP = "198.51.100.130"
 )
 
 func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 2}) }
@@ -35,11 +37,14 @@ func newTopo(t *testing.T, pods int) *topo {
 	tp := &topo{
 		node:     nsutil.New(t, "ohn-"),
 		client:   nsutil.New(t, "ohc-"),
+		client2:  nsutil.New(t, "ohc-"),
 		upstream: nsutil.New(t, "ohu-"),
 	}
 	tp.node.Sysctl(t, "net.ipv4.ip_forward", "1")
-	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/24"}, tp.client, "eth0", []string{clientIP + "/24"})
+	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/25"}, tp.client, "eth0", []string{clientIP + "/25"})
 	tp.client.IP(t, "route", "add", "default", "via", nodeIP)
+	nsutil.Veth(t, tp.node, "to-client2", []string{"198.51.100.129/25"}, tp.client2, "eth0", []string{client2IP + "/25"})
+	tp.client2.IP(t, "route", "add", "default", "via", "198.51.100.129")
 	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24"}, tp.upstream, "eth0", []string{"192.0.2.2/24"})
 	tp.node.IP(t, "route", "add", "default", "via", "192.0.2.2")
 	for i := 0; i < pods; i++ {
@@ -51,7 +56,10 @@ func newTopo(t *testing.T, pods int) *topo {
 		p.Echo(t, "pod"+string(rune('0'+i)), ":8080")
 		tp.pods = append(tp.pods, p)
 	}
-	cfg := dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	cfg := dataplane.Config{
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+	}
 	tp.b = New(cfg, WithNetNS(tp.node.FD()))
 	t.Cleanup(func() {
 		if err := tp.b.Cleanup(context.Background()); err != nil {

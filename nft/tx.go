@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -44,6 +45,8 @@ type tx struct {
 	newChains []string
 	bodies    map[string]chainBody
 	oldBodies map[string]chainBody // of rewritten and deleted chains
+	newAff    map[string]bool      // affinity maps created
+	delAff    []string             // affinity maps deleted
 	rewrite   map[string]bool      // existing chains whose rules are replaced
 	delChains []string
 	addElems  map[string][]nftables.SetElement
@@ -61,6 +64,7 @@ func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
 		refD:      map[string]int{},
 		bodies:    map[string]chainBody{},
 		oldBodies: map[string]chainBody{},
+		newAff:    map[string]bool{},
 		rewrite:   map[string]bool{},
 		addElems:  map[string][]nftables.SetElement{},
 		delElems:  map[string][]nftables.SetElement{},
@@ -105,7 +109,7 @@ func (t *tx) service(k portal.ServiceKey, svc *portal.Service) {
 	newObjs := map[portal.PortKey]*objects{}
 	if svc != nil {
 		for _, p := range svc.Portals {
-			newObjs[p.Key] = render(p)
+			newObjs[p.Key] = render(p, t.b.cfg)
 		}
 	}
 	keys := make([]portal.PortKey, 0, len(oldObjs)+len(newObjs))
@@ -153,7 +157,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			t.bodies[name] = body
 			changed = true
 		case ob.equal(body):
-		case ob.sameShape(body):
+		case ob.sameRules(body) && len(body.endpoints) >= 2:
 			t.updateEndpoints(name, ob, body)
 			changed = true
 		default:
@@ -290,7 +294,7 @@ func (t *tx) addRules(chain string, rules [][]expr.Any) {
 }
 
 // chainRules writes the rules of a per-portal chain, and its endpoints
-// into the family's endpoint map.
+// into the family's endpoint maps.
 func (t *tx) chainRules(name string, body chainBody) {
 	ch := &nftables.Chain{Name: name, Table: t.b.table}
 	tb := t.b.table
@@ -298,70 +302,158 @@ func (t *tx) chainRules(name string, body chainBody) {
 		t.conn.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: e})
 		t.stats.Messages++
 	}
+	f := body.family
+	markBits := t.b.cfg.MasqueradeMark()
+	if len(body.sourceRanges) > 0 {
+		for _, p := range body.sourceRanges {
+			add(cat(matchPrefix(f, false, p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictGoto, body.gotoChain)}))
+		}
+		add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
+		return
+	}
+	if body.shortCircuit != "" {
+		for _, p := range t.b.cfg.ClusterCIDRs {
+			if portal.FamilyOf(p.Addr()) == f {
+				add(cat(matchPrefix(f, false, p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
+			}
+		}
+		add(cat(matchLocalSource(), setMarkBits(markBits), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
+	}
 	if body.gotoChain != "" {
 		var mark []expr.Any
 		if body.mark {
-			mark = setMarkBits(t.b.cfg.MasqueradeMark())
+			mark = setMarkBits(markBits)
 		}
 		add(cat(mark, []expr.Any{counter(), verdict(expr.VerdictGoto, body.gotoChain)}))
-	}
-	if len(body.endpoints) == 0 {
 		return
 	}
-	f := portal.FamilyOf(body.endpoints[0].Addr())
-	n := addrLen(f)
-	dnat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(f)), RegAddrMin: reg1, RegProtoMin: reg32After(n)}
-	if len(body.endpoints) == 1 {
+	switch n := len(body.endpoints); {
+	case n == 0:
+		if body.dropIfEmpty {
+			add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
+		}
+	case n == 1:
 		ep := body.endpoints[0]
+		al := addrLen(f)
 		add([]expr.Any{counter(),
 			&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
-			&expr.Immediate{Register: reg32After(n), Data: portBytes(ep.Port())},
-			dnat})
-		return
-	}
-	// dnat to chain-id . numgen random mod N map @endpoints<f>
-	id := t.b.chainID(name)
-	add([]expr.Any{counter(),
-		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
-		&expr.Numgen{Register: reg32After(4), Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
-		dnat})
-	s := setEndpoints(f, id)
-	for i, ep := range body.endpoints {
-		t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+			&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
+			dnatFrom(f, reg1)})
+	default:
+		id := t.b.chainID(name)
+		eps := setEndpoints(f, id)
+		if aff := body.affinitySet(name); aff != "" {
+			t.affinityRules(add, name, body, id, aff)
+		} else {
+			// dnat to id . numgen random mod N map @endpoints<f>-<shard>
+			add([]expr.Any{counter(),
+				&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+				&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
+				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: eps},
+				dnatFrom(f, reg1)})
+		}
+		for i, ep := range body.endpoints {
+			t.addEndpoint(f, id, i, ep, body.affinity > 0)
+		}
 	}
 }
 
-// dropEndpoints deletes the endpoint-map elements of a chain's old body.
-func (t *tx) dropEndpoints(name string, old chainBody) {
+func dnatFrom(f portal.Family, reg uint32) *expr.NAT {
+	// reg holds addr . port; reg1 is reg32_00 for the purpose of offsets.
+	start := reg
+	if reg == reg1 {
+		start = unix.NFT_REG32_00
+	}
+	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(f)), RegAddrMin: reg,
+		RegProtoMin: start + uint32(addrLen(f)/4)}
+}
+
+// affinityRules: a client seen within the timeout goes back to its
+// endpoint (if that is still an endpoint); a new one gets a random endpoint,
+// remembered in the chain's affinity map.
+//
+// Registers: id in reg32_00; the remembered or chosen addr . port from
+// reg32_01; the client address after that.
+func (t *tx) affinityRules(add func([]expr.Any), name string, body chainBody, id uint32, aff string) {
+	f := body.family
+	al := uint32(addrLen(f))
+	ap := uint32(unix.NFT_REG32_01) // addr . port
+	cli := ap + al/4 + 1            // client address
+	if !t.b.affSets[aff] && !t.newAff[aff] {
+		set := &nftables.Set{Table: t.b.table, Name: aff, IsMap: true, HasTimeout: true, Dynamic: true,
+			Timeout: time.Duration(body.affinity) * time.Second, KeyType: addrType(f),
+			DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)}
+		if err := t.conn.AddSet(set, nil); err == nil {
+			t.newAff[aff] = true
+			t.stats.Messages++
+		}
+	}
+	timeout := time.Duration(body.affinity) * time.Second
+	// Known client: check the endpoint is still one of ours, refresh, DNAT.
+	add([]expr.Any{
+		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+		loadAddr(f, false, cli),
+		&expr.Lookup{SourceRegister: cli, DestRegister: ap, IsDestRegSet: true, SetName: aff},
+		&expr.Lookup{SourceRegister: reg1, SetName: setAffinityEps(f)},
+		&expr.Dynset{SrcRegKey: cli, SrcRegData: ap, SetName: aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
+		counter(),
+		dnatFrom(f, ap),
+	})
+	// New client: pick at random and remember.
+	add([]expr.Any{
+		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+		&expr.Numgen{Register: reg32After(4), Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: ap, IsDestRegSet: true, SetName: setEndpoints(f, id)},
+		loadAddr(f, false, cli),
+		&expr.Dynset{SrcRegKey: cli, SrcRegData: ap, SetName: aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
+		counter(),
+		dnatFrom(f, ap),
+	})
+}
+
+func (t *tx) addEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort, affinity bool) {
+	s := setEndpoints(f, id)
+	t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+	if affinity {
+		a := setAffinityEps(f)
+		t.addElems[a] = append(t.addElems[a], nftables.SetElement{Key: affKey(id, ep)})
+	}
+}
+
+func (t *tx) delEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort, affinity bool) {
+	s := setEndpoints(f, id)
+	t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
+	if affinity {
+		a := setAffinityEps(f)
+		t.delElems[a] = append(t.delElems[a], nftables.SetElement{Key: affKey(id, ep)})
+	}
+}
+
+// dropEndpoints deletes the endpoint-map elements of a chain's old body,
+// and its affinity map when the new body has another or none.
+func (t *tx) dropEndpoints(name string, old, next chainBody) {
+	if aff := old.affinitySet(name); aff != "" && aff != next.affinitySet(name) {
+		t.delAff = append(t.delAff, aff)
+	}
 	if len(old.endpoints) < 2 {
 		return
 	}
 	id := t.b.chainID(name)
-	s := setEndpoints(portal.FamilyOf(old.endpoints[0].Addr()), id)
-	for i := range old.endpoints {
-		t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
+	for i, ep := range old.endpoints {
+		t.delEndpoint(old.family, id, i, ep, old.affinity > 0)
 	}
-}
-
-// sameShape reports whether b can become o by changing endpoint-map
-// elements only: the same rules, the same number (2 or more) of endpoints.
-func (b chainBody) sameShape(o chainBody) bool {
-	return b.mark == o.mark && b.gotoChain == o.gotoChain &&
-		len(b.endpoints) == len(o.endpoints) && len(b.endpoints) >= 2
 }
 
 // updateEndpoints replaces the endpoint-map elements that differ: the
 // most common change (a pod replaced) touches no rule.
 func (t *tx) updateEndpoints(name string, old, body chainBody) {
 	id := t.b.chainID(name)
-	s := setEndpoints(portal.FamilyOf(body.endpoints[0].Addr()), id)
 	for i, ep := range body.endpoints {
 		if old.endpoints[i] == ep {
 			continue
 		}
-		t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
-		t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+		t.delEndpoint(body.family, id, i, old.endpoints[i], body.affinity > 0)
+		t.addEndpoint(body.family, id, i, ep, body.affinity > 0)
 	}
 }
 
@@ -433,12 +525,12 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		if t.rewrite[name] {
 			t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
 			t.stats.Messages++
-			t.dropEndpoints(name, t.oldBodies[name])
+			t.dropEndpoints(name, t.oldBodies[name], t.bodies[name])
 		}
 		t.chainRules(name, t.bodies[name])
 	}
 	for _, name := range t.delChains {
-		t.dropEndpoints(name, t.oldBodies[name])
+		t.dropEndpoints(name, t.oldBodies[name], chainBody{})
 		t.b.releaseID(name)
 	}
 	if err := t.setElems(t.delElems, false); err != nil {
@@ -455,6 +547,10 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		t.conn.DelChain(&nftables.Chain{Name: name, Table: t.b.table})
 	}
 	t.stats.Messages += 2 * len(t.delChains)
+	for _, aff := range t.delAff {
+		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: aff})
+		t.stats.Messages++
+	}
 
 	if t.stats.Messages > 0 {
 		if err := t.conn.Flush(); err != nil {
@@ -494,6 +590,12 @@ func (t *tx) adopt() {
 	}
 	if t.npChanged {
 		b.npIPs = t.npIPs
+	}
+	for _, aff := range t.delAff {
+		delete(b.affSets, aff)
+	}
+	for aff := range t.newAff {
+		b.affSets[aff] = true
 	}
 	b.chains += len(t.newChains) - len(t.delChains)
 	for _, els := range t.addElems {
