@@ -66,6 +66,7 @@ start=$(date +%s)
 	go build -trimpath -ldflags="-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3
 )
 printf '%s' "${stamp}" >"${tmp}/STAMP"
+chmod 755 "${tmp}"
 rm -rf "${bin}"
 mv "${tmp}" "${bin}"
 trap - EXIT

@@ -88,6 +88,8 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 			return nil, err
 		}
 		cp.ownDir = true
+	} else if err = os.MkdirAll(cp.Dir, 0o700); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -153,20 +155,20 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	if err != nil {
 		return cp, err
 	}
-	cp.apiserver, err = ns.Start(opts.Netns, "kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), nil,
+	apiArgs := []string{
 		filepath.Join(opts.BinDir, "kube-apiserver"),
-		"--etcd-servers="+etcdURL,
-		"--bind-address="+opts.Address,
-		"--advertise-address="+opts.Address,
-		"--secure-port="+strconv.Itoa(apiPort),
-		"--tls-cert-file="+p.ServingCert,
-		"--tls-private-key-file="+p.ServingKey,
-		"--client-ca-file="+p.CACert,
-		"--cert-dir="+filepath.Join(cp.Dir, "certs"),
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + opts.Address,
+		"--advertise-address=" + opts.Address,
+		"--secure-port=" + strconv.Itoa(apiPort),
+		"--tls-cert-file=" + p.ServingCert,
+		"--tls-private-key-file=" + p.ServingKey,
+		"--client-ca-file=" + p.CACert,
+		"--cert-dir=" + filepath.Join(cp.Dir, "certs"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+p.SAPub,
-		"--service-account-signing-key-file="+p.SAKey,
-		"--service-cluster-ip-range="+opts.ServiceCIDRs,
+		"--service-account-key-file=" + p.SAPub,
+		"--service-account-signing-key-file=" + p.SAKey,
+		"--service-cluster-ip-range=" + opts.ServiceCIDRs,
 		"--authorization-mode=RBAC",
 		// No controller-manager runs: admission that waits on controllers
 		// (service-account tokens) is off.
@@ -174,7 +176,12 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
-	)
+	}
+	if addr.IsLoopback() {
+		// The "kubernetes" Service cannot point at loopback.
+		apiArgs = append(apiArgs, "--endpoint-reconciler-type=none")
+	}
+	cp.apiserver, err = ns.Start(opts.Netns, "kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), nil, apiArgs...)
 	if err != nil {
 		return cp, err
 	}

@@ -36,10 +36,18 @@ func TestControlPlaneInNamespace(t *testing.T) {
 		}
 	})
 
+	// A documentation address on loopback: the apiserver advertises it as
+	// the "kubernetes" Service's endpoint (it refuses 127.0.0.1 for that).
+	const addr = "192.0.2.2"
+	if err := ns.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
+		t.Fatal(err)
+	}
+
 	began := time.Now()
 	cp, err := cluster.Start(ctx, cluster.Options{
-		Netns: name,
-		Log:   slog.New(slog.NewTextHandler(t.Output(), nil)),
+		Netns:   name,
+		Address: addr,
+		Log:     slog.New(slog.NewTextHandler(t.Output(), nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -62,13 +62,15 @@ type Cluster struct {
 
 // Node is one node namespace.
 type Node struct {
-	Index   int    // 1-based
-	Name    string // Kubernetes node name, e.g. "node-1"
-	Netns   string
-	IP      string // InternalIP on the node segment
-	PodCIDR string
-	Zone    string
-	Pods    []*Pod
+	Index    int    // 1-based
+	Name     string // Kubernetes node name, e.g. "node-1"
+	Netns    string
+	IP       string // IPv4 InternalIP on the node segment
+	IP6      string // IPv6 InternalIP on the node segment
+	PodCIDR  string
+	PodCIDR6 string
+	Zone     string
+	Pods     []*Pod
 
 	agent     *ns.Process
 	agentLogs int
@@ -79,6 +81,7 @@ type Pod struct {
 	Name  string
 	Netns string
 	IP    string
+	IP6   string
 	Node  *Node
 	Echo  *echo.Server
 }

@@ -24,7 +24,7 @@ func (c *Cluster) registerNodes(ctx context.Context) error {
 					"topology.kubernetes.io/region": "test",
 				},
 			},
-			Spec: v1.NodeSpec{PodCIDR: n.PodCIDR, PodCIDRs: []string{n.PodCIDR}},
+			Spec: v1.NodeSpec{PodCIDR: n.PodCIDR, PodCIDRs: []string{n.PodCIDR, n.PodCIDR6}},
 		}
 		created, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 		if err != nil {
@@ -33,6 +33,7 @@ func (c *Cluster) registerNodes(ctx context.Context) error {
 		created.Status = v1.NodeStatus{
 			Addresses: []v1.NodeAddress{
 				{Type: v1.NodeInternalIP, Address: n.IP},
+				{Type: v1.NodeInternalIP, Address: n.IP6},
 				{Type: v1.NodeHostName, Address: n.Name},
 			},
 			Conditions: []v1.NodeCondition{{

@@ -62,27 +62,43 @@ func (c *Cluster) CreateService(ctx context.Context, svc *v1.Service) (*v1.Servi
 	return c.Client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
 }
 
-// SetEndpoints writes the IPv4 EndpointSlice of svc to hold eps, creating it
-// or updating it in place, as the EndpointSlice controller does.
+// SetEndpoints writes the EndpointSlices of svc to hold eps, one slice per
+// IP family of the Service, creating them or updating them in place, as the
+// EndpointSlice controller does.
 func (c *Cluster) SetEndpoints(ctx context.Context, svc *v1.Service, eps []Endpoint) error {
 	slices := c.Client.DiscoveryV1().EndpointSlices(svc.Namespace)
-	want := endpointSlice(svc, eps)
 	existing, err := slices.List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc.Name})
 	if err != nil {
 		return err
 	}
-	for _, s := range existing.Items {
-		if s.AddressType == discoveryv1.AddressTypeIPv4 && s.Labels[discoveryv1.LabelManagedBy] == ManagedBy {
-			s.Endpoints, s.Ports = want.Endpoints, want.Ports
-			_, err := slices.Update(ctx, &s, metav1.UpdateOptions{})
+	families := svc.Spec.IPFamilies
+	if len(families) == 0 {
+		families = []v1.IPFamily{v1.IPv4Protocol}
+	}
+next:
+	for _, family := range families {
+		want := endpointSlice(svc, family, eps)
+		for _, s := range existing.Items {
+			if s.AddressType == want.AddressType && s.Labels[discoveryv1.LabelManagedBy] == ManagedBy {
+				s.Endpoints, s.Ports = want.Endpoints, want.Ports
+				if _, err := slices.Update(ctx, &s, metav1.UpdateOptions{}); err != nil {
+					return err
+				}
+				continue next
+			}
+		}
+		if _, err := slices.Create(ctx, want, metav1.CreateOptions{}); err != nil {
 			return err
 		}
 	}
-	_, err = slices.Create(ctx, want, metav1.CreateOptions{})
-	return err
+	return nil
 }
 
-func endpointSlice(svc *v1.Service, eps []Endpoint) *discoveryv1.EndpointSlice {
+func endpointSlice(svc *v1.Service, family v1.IPFamily, eps []Endpoint) *discoveryv1.EndpointSlice {
+	addressType := discoveryv1.AddressTypeIPv4
+	if family == v1.IPv6Protocol {
+		addressType = discoveryv1.AddressTypeIPv6
+	}
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: svc.Name + "-",
@@ -100,7 +116,7 @@ func endpointSlice(svc *v1.Service, eps []Endpoint) *discoveryv1.EndpointSlice {
 				BlockOwnerDeletion: ptr.To(true),
 			}},
 		},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addressType,
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
 	for _, p := range svc.Spec.Ports {
@@ -115,8 +131,12 @@ func endpointSlice(svc *v1.Service, eps []Endpoint) *discoveryv1.EndpointSlice {
 		})
 	}
 	for _, e := range eps {
+		addr := e.Pod.IP
+		if family == v1.IPv6Protocol {
+			addr = e.Pod.IP6
+		}
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{e.Pod.IP},
+			Addresses:  []string{addr},
 			Conditions: e.conditions(),
 			NodeName:   ptr.To(e.Pod.Node.Name),
 			Zone:       ptr.To(e.Pod.Node.Zone),

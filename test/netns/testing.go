@@ -29,23 +29,28 @@ func NewForTest(t testing.TB, cfg Config) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			c.logState(t)
+			c.LogState(t)
 		}
 		c.Close()
 	})
 	return c
 }
 
-// logState writes what helps debug a failure: agent logs and rulesets.
-func (c *Cluster) logState(t testing.TB) {
+// LogState writes what helps debug a failure: agent logs and rulesets.
+func (c *Cluster) LogState(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, n := range c.Nodes {
 		t.Logf("=== %s agent log (tail):\n%s", n.Name, c.AgentLogTail(n, 6000))
-		if out, err := c.Nft(ctx, n, "list", "table", "inet", "onehop"); err == nil {
-			t.Logf("=== %s nft list table inet onehop:\n%s", n.Name, out)
+		if out, err := c.DumpRules(ctx, n, "table"); err == nil {
+			t.Logf("=== %s agent dump-rules:\n%s", n.Name, out)
 		} else {
-			t.Logf("=== %s nft: %v", n.Name, err)
+			t.Logf("=== %s agent dump-rules: %v", n.Name, err)
+		}
+		if out, err := c.DumpRules(ctx, n, "nft"); err == nil {
+			t.Logf("=== %s agent dump-rules -o nft:\n%s", n.Name, out)
+		} else {
+			t.Logf("=== %s agent dump-rules -o nft: %v", n.Name, err)
 		}
 	}
 }

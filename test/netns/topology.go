@@ -3,12 +3,13 @@ package netns
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/onehop/onehop/test/netns/ns"
 )
 
 // buildTopology creates the router, client, control-plane, node and pod
-// namespaces and wires them (see the package doc for the plan).
+// namespaces and wires them, dual-stack (see the package doc for the plan).
 func (c *Cluster) buildTopology(ctx context.Context) error {
 	c.Router = c.ID + "-rt"
 	c.ClientNetns = c.ID + "-cl"
@@ -18,15 +19,13 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	if err := c.addNamespace(ctx, c.Router); err != nil {
 		return err
 	}
-	if err := ns.Sysctl(c.Router, "net.ipv4.ip_forward", "1"); err != nil {
+	if err := forwarding(c.Router); err != nil {
 		return err
 	}
-	steps := [][]string{
-		{"link", "add", "lan", "type", "bridge"},
-		{"addr", "add", with24(routerNodeIP()), "dev", "lan"},
-		{"link", "set", "lan", "up"},
+	if err := ns.IP(ctx, c.Router, "link", "add", "lan", "type", "bridge"); err != nil {
+		return err
 	}
-	if err := ipAll(ctx, c.Router, steps); err != nil {
+	if err := addrsUp(ctx, c.Router, "lan", with24(routerNodeIP()), with64(routerNodeIP6())); err != nil {
 		return err
 	}
 
@@ -36,17 +35,13 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	if err := veth(ctx, c.Router, "to-client", c.ClientNetns, "eth0"); err != nil {
 		return err
 	}
-	if err := ipAll(ctx, c.Router, [][]string{
-		{"addr", "add", with24(routerClientIP()), "dev", "to-client"},
-		{"link", "set", "to-client", "up"},
-	}); err != nil {
+	if err := addrsUp(ctx, c.Router, "to-client", with24(routerClientIP()), with64(routerClientIP6())); err != nil {
 		return err
 	}
-	if err := ipAll(ctx, c.ClientNetns, [][]string{
-		{"addr", "add", with24(ClientIP()), "dev", "eth0"},
-		{"link", "set", "eth0", "up"},
-		{"route", "add", "default", "via", routerClientIP().String()},
-	}); err != nil {
+	if err := addrsUp(ctx, c.ClientNetns, "eth0", with24(ClientIP()), with64(ClientIP6())); err != nil {
+		return err
+	}
+	if err := defaultRoutes(ctx, c.ClientNetns, routerClientIP(), routerClientIP6()); err != nil {
 		return err
 	}
 
@@ -54,18 +49,20 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	if err := c.addNamespace(ctx, c.ControlNS); err != nil {
 		return err
 	}
-	if err := c.plugIntoLAN(ctx, c.ControlNS, "to-cp", ControlPlaneIP().String()); err != nil {
+	if err := c.plugIntoLAN(ctx, c.ControlNS, "to-cp", ControlPlaneIP(), ControlPlaneIP6()); err != nil {
 		return err
 	}
 
 	for i := 1; i <= c.cfg.Nodes; i++ {
 		n := &Node{
-			Index:   i,
-			Name:    fmt.Sprintf("node-%d", i),
-			Netns:   fmt.Sprintf("%s-n%d", c.ID, i),
-			IP:      nodeIP(i).String(),
-			PodCIDR: podCIDR(i).String(),
-			Zone:    fmt.Sprintf("zone-%c", 'a'+(i-1)%26),
+			Index:    i,
+			Name:     fmt.Sprintf("node-%d", i),
+			Netns:    fmt.Sprintf("%s-n%d", c.ID, i),
+			IP:       nodeIP(i).String(),
+			IP6:      nodeIP6(i).String(),
+			PodCIDR:  podCIDR(i).String(),
+			PodCIDR6: podCIDR6(i).String(),
+			Zone:     fmt.Sprintf("zone-%c", 'a'+(i-1)%26),
 		}
 		c.Nodes = append(c.Nodes, n)
 		if err := c.buildNode(ctx, n); err != nil {
@@ -76,23 +73,34 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	// router knows them all (for replies to the client).
 	for _, n := range c.Nodes {
 		for _, m := range c.Nodes {
-			if m != n {
-				if err := ns.IP(ctx, n.Netns, "route", "add", m.PodCIDR, "via", m.IP); err != nil {
-					return err
-				}
+			if m == n {
+				continue
+			}
+			if err := routes(ctx, n.Netns, [][2]string{{m.PodCIDR, m.IP}, {m.PodCIDR6, m.IP6}}); err != nil {
+				return err
 			}
 		}
-		if err := ns.IP(ctx, c.Router, "route", "add", n.PodCIDR, "via", n.IP); err != nil {
+		if err := routes(ctx, c.Router, [][2]string{{n.PodCIDR, n.IP}, {n.PodCIDR6, n.IP6}}); err != nil {
 			return err
 		}
 	}
-	return c.RouteExternal(ctx, ExternalCIDR, c.Nodes[0])
+	if err := c.RouteExternal(ctx, ExternalCIDR, c.Nodes[0]); err != nil {
+		return err
+	}
+	return c.RouteExternal(ctx, ExternalCIDR6, c.Nodes[0])
 }
 
-// RouteExternal points the router's route for prefix (inside ExternalCIDR,
-// or ExternalCIDR itself) at node n, the way a provider's load balancer or
-// BGP would send external traffic to a node.
+// RouteExternal points the router's route for prefix (inside ExternalCIDR or
+// ExternalCIDR6, or one of them whole) at node n, the way a provider's load
+// balancer or BGP would send external traffic to a node.
 func (c *Cluster) RouteExternal(ctx context.Context, prefix string, n *Node) error {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return err
+	}
+	if p.Addr().Is6() {
+		return ns.IP(ctx, c.Router, "-6", "route", "replace", prefix, "via", n.IP6)
+	}
 	return ns.IP(ctx, c.Router, "route", "replace", prefix, "via", n.IP)
 }
 
@@ -100,8 +108,10 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 	if err := c.addNamespace(ctx, n.Netns); err != nil {
 		return err
 	}
+	if err := forwarding(n.Netns); err != nil {
+		return err
+	}
 	for _, kv := range [][2]string{
-		{"net.ipv4.ip_forward", "1"},
 		{"net.ipv4.conf.all.rp_filter", "0"},
 		{"net.ipv4.conf.default.rp_filter", "0"},
 	} {
@@ -109,14 +119,13 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 			return err
 		}
 	}
-	if err := c.plugIntoLAN(ctx, n.Netns, fmt.Sprintf("to-n%d", n.Index), n.IP); err != nil {
+	if err := c.plugIntoLAN(ctx, n.Netns, fmt.Sprintf("to-n%d", n.Index), nodeIP(n.Index), nodeIP6(n.Index)); err != nil {
 		return err
 	}
-	if err := ipAll(ctx, n.Netns, [][]string{
-		{"link", "add", "cbr0", "type", "bridge"},
-		{"addr", "add", with24(podGateway(n.Index)), "dev", "cbr0"},
-		{"link", "set", "cbr0", "up"},
-	}); err != nil {
+	if err := ns.IP(ctx, n.Netns, "link", "add", "cbr0", "type", "bridge"); err != nil {
+		return err
+	}
+	if err := addrsUp(ctx, n.Netns, "cbr0", with24(podGateway(n.Index)), with64(podGateway6(n.Index))); err != nil {
 		return err
 	}
 	for j := 1; j <= c.cfg.PodsPerNode; j++ {
@@ -124,6 +133,7 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 			Name:  fmt.Sprintf("%s-%d-%d", c.cfg.PodPrefix, n.Index, j),
 			Netns: fmt.Sprintf("%s-n%dp%d", c.ID, n.Index, j),
 			IP:    podIP(n.Index, j).String(),
+			IP6:   podIP6(n.Index, j).String(),
 			Node:  n,
 		}
 		n.Pods = append(n.Pods, p)
@@ -141,11 +151,10 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 		}); err != nil {
 			return err
 		}
-		if err := ipAll(ctx, p.Netns, [][]string{
-			{"addr", "add", with24(podIP(n.Index, j)), "dev", "eth0"},
-			{"link", "set", "eth0", "up"},
-			{"route", "add", "default", "via", podGateway(n.Index).String()},
-		}); err != nil {
+		if err := addrsUp(ctx, p.Netns, "eth0", with24(podIP(n.Index, j)), with64(podIP6(n.Index, j))); err != nil {
+			return err
+		}
+		if err := defaultRoutes(ctx, p.Netns, podGateway(n.Index), podGateway6(n.Index)); err != nil {
 			return err
 		}
 	}
@@ -153,8 +162,8 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 }
 
 // plugIntoLAN joins namespace name to the router's node-segment bridge with
-// address ip and a default route via the router.
-func (c *Cluster) plugIntoLAN(ctx context.Context, name, routerSide, ip string) error {
+// the given addresses and default routes via the router.
+func (c *Cluster) plugIntoLAN(ctx context.Context, name, routerSide string, ip, ip6 netip.Addr) error {
 	if err := veth(ctx, c.Router, routerSide, name, "eth0"); err != nil {
 		return err
 	}
@@ -164,16 +173,51 @@ func (c *Cluster) plugIntoLAN(ctx context.Context, name, routerSide, ip string) 
 	}); err != nil {
 		return err
 	}
-	return ipAll(ctx, name, [][]string{
-		{"addr", "add", ip + "/24", "dev", "eth0"},
-		{"link", "set", "eth0", "up"},
-		{"route", "add", "default", "via", routerNodeIP().String()},
-	})
+	if err := addrsUp(ctx, name, "eth0", with24(ip), with64(ip6)); err != nil {
+		return err
+	}
+	return defaultRoutes(ctx, name, routerNodeIP(), routerNodeIP6())
 }
 
 // veth creates a veth pair with one end in each of two namespaces.
 func veth(ctx context.Context, aNS, aName, bNS, bName string) error {
 	return ns.IP(ctx, aNS, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", bNS)
+}
+
+// addrsUp gives dev an IPv4 and an IPv6 address (no duplicate address
+// detection: the address is usable at once) and sets it up.
+func addrsUp(ctx context.Context, name, dev, v4, v6 string) error {
+	return ipAll(ctx, name, [][]string{
+		{"addr", "add", v4, "dev", dev},
+		{"-6", "addr", "add", v6, "dev", dev, "nodad"},
+		{"link", "set", dev, "up"},
+	})
+}
+
+func defaultRoutes(ctx context.Context, name string, gw, gw6 netip.Addr) error {
+	return ipAll(ctx, name, [][]string{
+		{"route", "add", "default", "via", gw.String()},
+		{"-6", "route", "add", "default", "via", gw6.String()},
+	})
+}
+
+// routes adds prefix-via-gateway routes of either family.
+func routes(ctx context.Context, name string, pairs [][2]string) error {
+	for _, p := range pairs {
+		if err := ns.IP(ctx, name, "route", "add", p[0], "via", p[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func forwarding(name string) error {
+	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+		if err := ns.Sysctl(name, k, "1"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func ipAll(ctx context.Context, name string, steps [][]string) error {

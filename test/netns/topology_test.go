@@ -41,40 +41,46 @@ func TestTopologyRoutes(t *testing.T) {
 	if len(pods) != 4 {
 		t.Fatalf("%d pods, want 4", len(pods))
 	}
-	for _, from := range []struct{ name, netns, ip string }{
-		{"client", c.ClientNetns, ClientIP().String()},
-		{pods[0].Name, pods[0].Netns, pods[0].IP},
+	for _, from := range []struct{ name, netns, ip, ip6 string }{
+		{"client", c.ClientNetns, ClientIP().String(), ClientIP6().String()},
+		{pods[0].Name, pods[0].Netns, pods[0].IP, pods[0].IP6},
 	} {
 		for _, to := range pods {
-			for _, proto := range []string{"tcp", "udp"} {
-				addr := net.JoinHostPort(to.IP, strconv.Itoa(PortHTTP))
+			for _, pp := range []struct{ proto, to, from string }{
+				{"tcp", to.IP, from.ip}, {"udp", to.IP, from.ip},
+				{"tcp", to.IP6, from.ip6}, {"udp", to.IP6, from.ip6},
+			} {
+				proto := pp.proto
+				addr := net.JoinHostPort(pp.to, strconv.Itoa(PortHTTP))
 				rep, err := echo.Request(ctx, from.netns, proto, addr)
 				if err != nil {
 					t.Errorf("%s -> %s %s: %v", from.name, proto, addr, err)
 					continue
 				}
-				if rep.Pod != to.Name || rep.SourceIP() != from.ip || rep.Proto != proto {
+				if rep.Pod != to.Name || rep.SourceIP() != pp.from || rep.Proto != proto {
 					t.Errorf("%s -> %s %s: reply %+v", from.name, proto, addr, rep)
 				}
 			}
 		}
 	}
 	// Nodes reach the control-plane address (where kube-apiserver listens).
-	l, err := ns.Listen(c.ControlNS, "tcp", net.JoinHostPort(ControlPlaneIP().String(), "6443"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		if conn, err := l.Accept(); err == nil {
-			conn.Close()
+	for _, ip := range []string{ControlPlaneIP().String(), ControlPlaneIP6().String()} {
+		l, err := ns.Listen(c.ControlNS, "tcp", net.JoinHostPort(ip, "6443"))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	conn, err := ns.Dialer(c.Nodes[1].Netns)(ctx, "tcp", l.Addr().String())
-	if err != nil {
-		t.Fatalf("node -> control plane: %v", err)
+		go func() {
+			if conn, err := l.Accept(); err == nil {
+				conn.Close()
+			}
+		}()
+		conn, err := ns.Dialer(c.Nodes[1].Netns)(ctx, "tcp", l.Addr().String())
+		if err != nil {
+			t.Fatalf("node -> control plane %s: %v", ip, err)
+		}
+		conn.Close()
+		l.Close()
 	}
-	conn.Close()
 
 	names := append([]string(nil), c.namespaces...)
 	c.Close()

@@ -19,9 +19,11 @@ const pollGap = 20 * time.Millisecond
 
 // WaitBackends sends fresh requests (new connection, new source port each)
 // from namespace from to proto addr until it has a streak of answers coming
-// only from want in which every pod of want answered. It returns the time from
-// since (the API change) to the first answer of that streak: the programming
-// latency as traffic sees it.
+// only from want in which every pod of want answered. It returns the time
+// from since (the API change) to the moment, within that streak, when the
+// last pod of want had answered: the programming latency as traffic sees it
+// (it includes the few requests random endpoint choice needs to reach every
+// pod).
 func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, since time.Time) (time.Duration, error) {
 	if len(want) == 0 {
 		return WaitUnserved(ctx, from, proto, addr, since)
@@ -34,13 +36,12 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 	}
 	need := 12 * len(want)
 	var (
-		streak      int
-		streakStart time.Time
-		seen        = map[string]int{}
-		last        string
+		streak int
+		seen   = map[string]int{}
+		all    time.Time // when the streak had seen every pod of want
+		last   string
 	)
 	for {
-		at := time.Now()
 		rep, err := echo.Request(ctx, from, proto, addr)
 		switch {
 		case err != nil:
@@ -49,12 +50,15 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 			last, streak = fmt.Sprintf("answered by %s, not one of %s", rep.Pod, names(want)), 0
 		default:
 			if streak == 0 {
-				streakStart, seen = at, map[string]int{}
+				seen, all = map[string]int{}, time.Time{}
 			}
 			streak++
 			seen[rep.Pod]++
-			if streak >= need && len(seen) == len(want) {
-				return streakStart.Sub(since), nil
+			if len(seen) == len(want) && all.IsZero() {
+				all = time.Now()
+			}
+			if streak >= need && !all.IsZero() {
+				return all.Sub(since), nil
 			}
 			continue
 		}
@@ -62,6 +66,24 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%s %s from %s: no steady answers from %s within %v: last: %s (streak %d, seen %v)",
 				proto, addr, from, names(want), ConvergeTimeout, last, streak, seen)
+		case <-time.After(pollGap):
+		}
+	}
+}
+
+// WaitAnswer polls until proto addr answers once from namespace from and
+// returns that reply and the time since since.
+func WaitAnswer(ctx context.Context, from, proto, addr string, since time.Time) (echo.Reply, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, ConvergeTimeout)
+	defer cancel()
+	for {
+		rep, err := echo.Request(ctx, from, proto, addr)
+		if err == nil {
+			return rep, time.Since(since), nil
+		}
+		select {
+		case <-ctx.Done():
+			return rep, 0, fmt.Errorf("%s %s from %s: no answer within %v: %v", proto, addr, from, ConvergeTimeout, err)
 		case <-time.After(pollGap):
 		}
 	}
