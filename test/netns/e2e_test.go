@@ -66,7 +66,7 @@ func (l *latencies) add(t *testing.T, what string, d time.Duration) {
 func (l *latencies) log(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := "programming latency (API write -> first of a steady streak of correct answers):\n"
+	s := "programming latency (API write returned -> every expected endpoint answered, within a steady streak of correct answers):\n"
 	for _, r := range l.rows {
 		s += "  " + r + "\n"
 	}

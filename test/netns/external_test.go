@@ -77,7 +77,6 @@ func testLoadBalancerIngress(t *testing.T, c *netns.Cluster, lat *latencies) {
 // With externalTrafficPolicy: Local, traffic to the LB IP stays on the node it
 // arrives at (node 2 here) and the pod sees the external client's address.
 func testLoadBalancerLocal(t *testing.T, c *netns.Cluster, lat *latencies) {
-	t.Skip("pending issue 4 (traffic policies): the agent does not honor externalTrafficPolicy: Local yet; delete this line when it does")
 	ctx := ctxFor(t)
 	pods := c.Pods()
 	s := service("lblocal", v1.ServiceTypeLoadBalancer, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))

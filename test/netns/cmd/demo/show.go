@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, c *netns.Cluster) (string, error) {
 			"      agent does not honor externalTrafficPolicy: Local (which keeps the client's address) yet.\n", seen, netns.ClientIP())
 	}
 
-	step(fmt.Sprintf("conntrack on %s: one entry, destination %s rewritten to a pod IP", node.Name, ingress))
+	step(fmt.Sprintf("conntrack on %s: each connection is one entry, destination %s rewritten to a pod IP (the one hop)", node.Name, ingress))
 	if out, err := ns.Exec(ctx, node.Netns, "conntrack", "-L", "-p", "tcp", "-d", ingress); err == nil {
 		fmt.Print(indent(out))
 	} else {
