@@ -28,9 +28,13 @@ const (
 	nodeIP    = "198.51.100.1"
 	clientIP  = "198.51.100.2"
 	client2IP = "198.51.100.130"
+	nodeIP6   = "2001:db8:1::1"
+	clientIP6 = "2001:db8:1::2"
 )
 
 func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 2}) }
+
+func podIP6(i int) netip.Addr { return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 2}) }
 
 func newTopo(t *testing.T, pods int) *topo {
 	t.Helper()
@@ -41,24 +45,29 @@ func newTopo(t *testing.T, pods int) *topo {
 		upstream: nsutil.New(t, "ohu-"),
 	}
 	tp.node.Sysctl(t, "net.ipv4.ip_forward", "1")
-	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/25"}, tp.client, "eth0", []string{clientIP + "/25"})
+	tp.node.Sysctl(t, "net.ipv6.conf.all.forwarding", "1")
+	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/25", nodeIP6 + "/64"}, tp.client, "eth0", []string{clientIP + "/25", clientIP6 + "/64"})
 	tp.client.IP(t, "route", "add", "default", "via", nodeIP)
+	tp.client.IP(t, "-6", "route", "add", "default", "via", nodeIP6)
 	nsutil.Veth(t, tp.node, "to-client2", []string{"198.51.100.129/25"}, tp.client2, "eth0", []string{client2IP + "/25"})
 	tp.client2.IP(t, "route", "add", "default", "via", "198.51.100.129")
-	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24"}, tp.upstream, "eth0", []string{"192.0.2.2/24"})
+	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24", "2001:db8:2::1/64"}, tp.upstream, "eth0", []string{"192.0.2.2/24", "2001:db8:2::2/64"})
 	tp.node.IP(t, "route", "add", "default", "via", "192.0.2.2")
+	tp.node.IP(t, "-6", "route", "add", "default", "via", "2001:db8:2::2")
 	for i := 0; i < pods; i++ {
 		p := nsutil.New(t, "ohp-")
 		ip := podIP(i)
 		gw := netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 1})
-		nsutil.Veth(t, tp.node, nsutil.Unique("p"), []string{gw.String() + "/24"}, p, "eth0", []string{ip.String() + "/24"})
+		gw6 := netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 1})
+		nsutil.Veth(t, tp.node, nsutil.Unique("p"), []string{gw.String() + "/24", gw6.String() + "/64"}, p, "eth0", []string{ip.String() + "/24", podIP6(i).String() + "/64"})
 		p.IP(t, "route", "add", "default", "via", gw.String())
+		p.IP(t, "-6", "route", "add", "default", "via", gw6.String())
 		p.Echo(t, "pod"+string(rune('0'+i)), ":8080")
 		tp.pods = append(tp.pods, p)
 	}
 	cfg := dataplane.Config{
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/32")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
 	}
 	tp.b = New(cfg, WithNetNS(tp.node.FD()))
 	t.Cleanup(func() {
@@ -81,7 +90,7 @@ func (tp *topo) sync(t *testing.T, snap *portal.Snapshot, full bool) dataplane.S
 // snapshot builds a Snapshot of the given services, all marked dirty.
 func snapshot(svcs ...*portal.Service) *portal.Snapshot {
 	s := &portal.Snapshot{
-		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nodeIP)}},
+		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr(nodeIP6)}},
 		Services: map[portal.ServiceKey]*portal.Service{},
 	}
 	for _, svc := range svcs {

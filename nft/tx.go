@@ -564,7 +564,10 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 func (t *tx) adopt() {
 	b := t.b
 	if t.full {
+		ids, free, next := b.ids, b.freeIDs, b.nextID
 		b.reset()
+		// Chain ids were allocated afresh while building this transaction.
+		b.ids, b.freeIDs, b.nextID = ids, free, next
 	}
 	b.synced = true
 	for k, s := range t.services {
