@@ -112,7 +112,8 @@ func New(ctx context.Context, cfg Config) (c *Cluster, err error) {
 
 	c = &Cluster{ID: ns.RunID(), cfg: cfg, log: cfg.Log, Dir: cfg.Dir}
 	if c.Dir == "" {
-		if c.Dir, err = os.MkdirTemp("", "onehop-e2e-"); err != nil {
+		sweepDirs(cfg.Log)
+		if c.Dir, err = os.MkdirTemp("", dirPrefix+c.ID+"-"); err != nil {
 			return nil, err
 		}
 	} else if err := os.MkdirAll(c.Dir, 0o755); err != nil {

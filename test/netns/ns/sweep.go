@@ -25,6 +25,17 @@ func owner(name string) int {
 	return pid
 }
 
+// OwnerGone reports whether name was made from a RunID whose process no
+// longer exists.
+func OwnerGone(name string) bool {
+	pid := owner(name)
+	if pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+	return os.IsNotExist(err)
+}
+
 // Sweep deletes namespaces created by this harness whose owning process no
 // longer exists (a test binary killed with SIGKILL or by a timeout), with the
 // processes left inside them. Namespaces of live owners are left alone, so
@@ -35,11 +46,7 @@ func Sweep(ctx context.Context, log *slog.Logger) {
 		return
 	}
 	for _, e := range entries {
-		pid := owner(e.Name())
-		if pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+		if !OwnerGone(e.Name()) {
 			continue
 		}
 		if err := Delete(ctx, e.Name()); err != nil {
