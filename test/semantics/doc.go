@@ -1,0 +1,7 @@
+// Package semantics holds the end-to-end tests of issue 4's Service
+// semantics on the namespace cluster (package test/netns): session
+// affinity, externalTrafficPolicy Local with the client's address seen by
+// the pod, health-check node ports, terminating-endpoint fallback,
+// loadBalancerSourceRanges and UDP flows across endpoint changes, each
+// proven with real traffic through real agents and a real kube-apiserver.
+package semantics
