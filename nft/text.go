@@ -81,7 +81,7 @@ func decodeElemKey(set string, key []byte) string {
 		if p, port, ok := decodeProtoPortKey(key); ok {
 			return fmt.Sprintf("%s . %d", p, port)
 		}
-	case strings.HasPrefix(set, "nodeport-ips"):
+	case strings.HasPrefix(set, "nodeport-ips"), strings.HasPrefix(set, "cluster-ips"):
 		if a, ok := netip.AddrFromSlice(key); ok {
 			return a.String()
 		}

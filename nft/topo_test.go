@@ -34,7 +34,9 @@ const (
 
 func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 2}) }
 
-func podIP6(i int) netip.Addr { return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 2}) }
+func podIP6(i int) netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 2})
+}
 
 func newTopo(t *testing.T, pods int) *topo {
 	t.Helper()

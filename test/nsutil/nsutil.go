@@ -60,6 +60,11 @@ func New(t testing.TB, prefix string) *NS {
 	}
 	n.handle = h
 	n.IP(t, "link", "set", "lo", "up")
+	// No duplicate address detection: addresses are usable at once, so
+	// that IPv6 tests do not race the 1 s of tentative link-local addresses.
+	for _, k := range []string{"net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"} {
+		n.Sysctl(t, k, "0")
+	}
 	return n
 }
 
