@@ -241,7 +241,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 
-	dpCfg := dataplane.Config{ClusterCIDRs: clusterCIDRs, MasqueradeAll: f.masqueradeAll,
+	dpCfg := dataplane.Config{ClusterCIDRs: clusterCIDRs, ServiceCIDRs: serviceCIDRs, MasqueradeAll: f.masqueradeAll,
 		MasqueradeBit: uint(f.masqueradeBit), SourceRangesOnNodePorts: f.srcRangesOnNP}
 	dp, err := newDataplane(f.dataplane, dpCfg, f.ipvsScheduler, log)
 	if err != nil {
