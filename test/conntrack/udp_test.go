@@ -342,7 +342,6 @@ func TestUDPFlowAcrossScaleToZeroAndRecreate(t *testing.T) {
 	tp.sync(t, snapshot(udpService("cycle", vip, 1)), true)
 	t.Logf("scale 0 -> 1: flow reached %s %v after the sync started", podName(1), s.waitFor(t, podName(1), began).Round(time.Millisecond))
 
-	began = time.Now()
 	gone := snapshot()
 	gone.Dirty = []portal.ServiceKey{{Namespace: "default", Name: "cycle"}}
 	tp.sync(t, gone, true)
