@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -284,6 +285,21 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	runner = dataplane.NewRunner(dp, tracker, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod},
 		log, health, metrics)
+	// Stale UDP/SCTP flows follow endpoint changes.
+	conntrack := dataplane.NewConntrackCleaner(log, -1)
+	defer conntrack.Close()
+	runner.OnApplied(conntrack.OnApplied)
+	// Health-check node ports of externalTrafficPolicy: Local Services.
+	hcOpts := []dataplane.ServiceHealthOption{}
+	if health != nil {
+		hcOpts = append(hcOpts, dataplane.WithProxyHealth(health.ProxyHealthy))
+	}
+	svcHealth := dataplane.NewServiceHealth(log, func(k portal.ServiceKey, reason, message string) {
+		ref := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
+		recorder.Event(ref, v1.EventTypeWarning, reason, message)
+	}, hcOpts...)
+	defer svcHealth.Close()
+	runner.OnApplied(svcHealth.Update)
 	if health != nil {
 		runner.OnApplied(func(*portal.Snapshot) {
 			n := tracker.Node()
