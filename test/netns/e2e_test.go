@@ -30,6 +30,7 @@ func TestE2E(t *testing.T) {
 		name string
 		run  func(*testing.T, *netns.Cluster, *latencies)
 	}{
+		{"KubernetesServiceFromPod", testKubernetesServiceFromPod},
 		{"ClusterIPFromPod", testClusterIPFromPod},
 		{"MultiPort", testMultiPort},
 		{"SamePortTCPAndUDP", testSamePortTCPAndUDP},
