@@ -15,6 +15,9 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The Go toolchain's usual place, for a root shell whose PATH lacks it.
+command -v go >/dev/null || [[ ! -x /usr/local/go/bin/go ]] || PATH="${PATH}:/usr/local/go/bin"
+
 tools="${root}/test/tools"
 cache="${ONEHOP_CACHE:-/var/cache/onehop}"
 

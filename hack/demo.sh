@@ -27,6 +27,8 @@ It also needs Go (see go.mod for the version) on root's PATH.
 MSG
 	exit 2
 fi
+# The Go toolchain's usual place, for a root shell whose PATH lacks it.
+command -v go >/dev/null || [[ ! -x /usr/local/go/bin/go ]] || PATH="${PATH}:/usr/local/go/bin"
 command -v go >/dev/null || {
 	echo "make demo needs the Go toolchain on PATH (see go.mod for the version)" >&2
 	exit 2
