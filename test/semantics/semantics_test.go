@@ -219,9 +219,10 @@ func testExternalLocal(t *testing.T, c *netns.Cluster) {
 		if !agentWires(t, "NewServiceHealth") {
 			t.Skip("cmd/agent does not wire dataplane.NewServiceHealth (health-check node ports) yet")
 		}
-		ok := waitHealth(t, c, node1, hc, http.StatusOK, 2, switched)
+		polled := time.Now() // the previous subtests took a while since the switch
+		ok := waitHealth(t, c, node1, hc, http.StatusOK, 2, polled)
 		checkHealthAnswer(t, ok, svc, 2)
-		bad := waitHealth(t, c, node2, hc, http.StatusServiceUnavailable, 0, switched)
+		bad := waitHealth(t, c, node2, hc, http.StatusServiceUnavailable, 0, polled)
 		checkHealthAnswer(t, bad, svc, 0)
 
 		// The endpoints move to node 2: the answers swap, and so does traffic.
@@ -531,8 +532,9 @@ func testUDPCycle(t *testing.T, c *netns.Cluster) {
 	if _, err := netns.WaitBackends(ctxFor(t), from.Netns, "udp", addr, []*netns.Pod{x}, since); err != nil {
 		t.Fatal(err)
 	}
+	started := time.Now()
 	s := startUDPSender(t, from, addr)
-	logLatency(t, "flow on "+x.Name, s.waitStreak(t, x.Name, 5, time.Time{}))
+	logLatency(t, "sender's flow answered by "+x.Name, s.waitStreak(t, x.Name, 5, started))
 
 	for _, step := range []struct {
 		what string
