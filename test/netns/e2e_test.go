@@ -46,7 +46,7 @@ func TestE2E(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, lat) })
 	}
-	t.Logf("e2e cases took %v", time.Since(began).Round(time.Millisecond))
+	t.Logf("cluster start-up and every case took %v", time.Since(began).Round(time.Millisecond))
 }
 
 // latencies collects programming latencies (API change -> traffic
