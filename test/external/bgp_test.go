@@ -25,7 +25,10 @@ type bgpLab struct {
 	dir string
 }
 
-func newBGPLab(t *testing.T) *bgpLab {
+func newBGPLab(t *testing.T) *bgpLab { return newBGPLabBFD(t, false) }
+
+// newBGPLabBFD builds the lab; with bfd, BIRD runs BFD with the nodes.
+func newBGPLabBFD(t *testing.T, bfd bool) *bgpLab {
 	needs(t, "bird", "nft")
 	lab := &bgpLab{topo: newTopo(t), dir: t.TempDir()}
 	lab.add("router", "node1", "node2", "client", "pod1", "pod2")
@@ -53,19 +56,26 @@ func newBGPLab(t *testing.T) *bgpLab {
 		lab.exec(node, "nft", "-f", rules)
 		lab.serve(pod, "0.0.0.0:8080", pod)
 	}
-	lab.startBird()
+	lab.startBird(bfd)
 	return lab
 }
 
-func (lab *bgpLab) startBird() {
+func (lab *bgpLab) startBird(bfd bool) {
 	conf := filepath.Join(lab.dir, "bird.conf")
+	bfdConf, bfdOn := "", "off"
+	if bfd {
+		bfdConf = `protocol bfd { interface "br0" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }; }`
+		bfdOn = "on"
+	}
 	os.WriteFile(conf, []byte(`router id 10.0.0.1;
 protocol device { scan time 10; }
+`+bfdConf+`
 protocol kernel { ipv4 { import none; export all; }; merge paths yes limit 16; learn no; }
 template bgp nodes {
   local 10.0.0.1 as 64512; passive yes;
   hold time 9; keepalive time 3; connect retry time 1;
   error wait time 1,5;
+  bfd `+bfdOn+`;
   ipv4 { import filter { if net ~ [ 203.0.113.0/24{32,32} ] then accept; reject; }; export none; };
 }
 protocol bgp node1 from nodes { neighbor 10.0.0.11 as 64513; }
@@ -159,4 +169,32 @@ func TestBGPECMPWithdrawStop(t *testing.T) {
 	t.Logf("stopped speaker's route gone %v after Stop returned", time.Since(t0).Round(time.Millisecond))
 	n2.stop()
 	lab.waitHops(t, "node2 stops")
+}
+
+// TestBGPBFDSilentNode: with BFD, a node that goes silent (all its packets
+// dropped, no TCP FIN, no NOTIFICATION) is removed by BFD, not by the hold
+// timer; BIRD says so in the session's last error.
+func TestBGPBFDSilentNode(t *testing.T) {
+	lab := newBGPLabBFD(t, true)
+	cfg := speakerConfig()
+	cfg.Peers[0].BFD = true
+	n1 := lab.startSpeaker("node1", "10.0.0.11", cfg)
+	n2 := lab.startSpeaker("node2", "10.0.0.12", cfg)
+	n1.set(vip)
+	n2.set(vip)
+	lab.waitHops(t, "both announce", "10.0.0.11", "10.0.0.12")
+	time.Sleep(2 * time.Second) // let the BFD sessions come up
+	rules := filepath.Join(lab.dir, "blackhole.nft")
+	os.WriteFile(rules, []byte("table inet ohxbh {\n chain i { type filter hook input priority 0; policy drop; }\n chain o { type filter hook output priority 0; policy drop; }\n}\n"), 0o644)
+	t0 := time.Now()
+	lab.exec("node2", "nft", "-f", rules)
+	lab.waitHops(t, "node2 silent", "10.0.0.11")
+	t.Logf("silent node2 removed from the router's FIB after %v (hold time 9 s)", time.Since(t0).Round(time.Millisecond))
+	out, err := exec.Command("ip", "netns", "exec", lab.name("router"), "birdc", "-s", filepath.Join(lab.dir, "bird.ctl"), "show", "protocols", "all", "node2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("birdc: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "BFD session down") {
+		t.Fatalf("node2 was not removed by BFD:\n%s", out)
+	}
 }
