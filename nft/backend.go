@@ -118,10 +118,14 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
+	txConn, err := newTxConn(b.netnsFD)
+	if err != nil {
+		return dataplane.SyncStats{}, err
+	}
 	if full {
 		b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	}
-	t := b.newTx(conn, full)
+	t := b.newTx(txConn, full)
 	if full {
 		if err := t.writeFixed(); err != nil {
 			return dataplane.SyncStats{}, err

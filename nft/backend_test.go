@@ -309,3 +309,55 @@ func golden(t *testing.T, name, got string) {
 		t.Errorf("%s differs from the kernel's state (go test -update rewrites it):\n--- got\n%s", path, got)
 	}
 }
+
+// A transaction the kernel rejects leaves the kernel as it was, and the
+// next (full) sync repairs everything.
+func TestRejectedTransactionIsAtomicAndRepaired(t *testing.T) {
+	tp := newTopo(t, 2)
+	a := service("a", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
+		p.ClusterEndpoints = eps(8080, 1)
+	})
+	b := service("b", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.2")}
+		p.ClusterEndpoints = eps(8080, 1)
+	})
+	tp.sync(t, snapshot(a, b), true)
+	// Someone else removes a's element: our next change to a fails (ENOENT).
+	other, err := nftables.New(nftables.WithNetNSFd(tp.node.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setVIPs(portal.IPv4)},
+		[]nftables.SetElement{{Key: vipKey(netip.MustParseAddr("10.96.0.1"), portal.TCP, 80)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b2 := service("b", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.2")}
+		p.ClusterEndpoints = eps(8080, 0)
+	})
+	snap := snapshot(b2) // a deleted, b changed, in one transaction
+	snap.Dirty = []portal.ServiceKey{a.Key, b.Key}
+	if _, err := tp.b.Sync(context.Background(), snap, false); err == nil {
+		t.Fatalf("the kernel accepted deleting an element that is gone")
+	} else {
+		t.Logf("rejected as expected: %v", err)
+	}
+	// Nothing of the failed transaction was applied: b still goes to pod1.
+	if seen, _ := ask(t, tp.pods[0], "tcp", "10.96.0.2:80", 3); seen["pod1"] != 3 {
+		t.Errorf("half-applied transaction: b reached %v", seen)
+	}
+	// The next sync is full and brings everything in line.
+	st := tp.sync(t, snap, false)
+	if !st.Full {
+		t.Errorf("the sync after a failure must be full: %+v", st)
+	}
+	if seen, _ := ask(t, tp.pods[1], "tcp", "10.96.0.2:80", 3); seen["pod0"] != 3 {
+		t.Errorf("after repair b must reach pod0: %v", seen)
+	}
+	mustDrop(t, tp.pods[0], "udp", "10.96.0.1:80")
+}

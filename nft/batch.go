@@ -1,0 +1,157 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// batchSender sends the transactions google/nftables builds without asking
+// the kernel to acknowledge every message. google/nftables sets NLM_F_ACK on
+// each message and reads one acknowledgement per message: at tens of
+// thousands of messages that is as many recvmsg calls, and as many skbs
+// queued in the kernel, as there are messages. batchSender sits behind
+// nftables' test-dial hook: it strips the flag from all but the last
+// message, sends the batch on a real socket, waits for that last ack (or
+// the errors), and hands nftables the acknowledgements it expects.
+type batchSender struct {
+	netnsFD int
+	pending []netlink.Message
+}
+
+// newTxConn returns an nftables connection whose Flush goes through a
+// batchSender. Use it only to build and flush transactions; queries need a
+// connection from newConn.
+func newTxConn(netnsFD int) (*nftables.Conn, error) {
+	s := &batchSender{netnsFD: netnsFD}
+	return nftables.New(nftables.WithTestDial(s.exchange))
+}
+
+const (
+	nfnlBatchBegin = 0x10 // NFNL_MSG_BATCH_BEGIN
+	nfnlBatchEnd   = 0x11 // NFNL_MSG_BATCH_END
+)
+
+func isBatchMarker(m netlink.Message) bool {
+	t := uint16(m.Header.Type)
+	return t == nfnlBatchBegin || t == nfnlBatchEnd
+}
+
+// exchange implements nltest.Func: a request is a batch to send; a nil
+// request is nftables reading its next acknowledgement.
+func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error) {
+	if req == nil {
+		if len(s.pending) == 0 {
+			return nil, io.EOF
+		}
+		m := s.pending[0]
+		s.pending = s.pending[1:]
+		return []netlink.Message{m}, nil
+	}
+	acks, err := s.send(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(acks) == 0 {
+		return nil, nil
+	}
+	s.pending = acks[1:]
+	return acks[:1], nil
+}
+
+func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
+	last := -1
+	for i := range req {
+		if isBatchMarker(req[i]) {
+			continue
+		}
+		req[i].Header.Flags &^= netlink.Acknowledge
+		last = i
+	}
+	if last < 0 {
+		return nil, nil
+	}
+	req[last].Header.Flags |= netlink.Acknowledge
+	lastSeq := req[last].Header.Sequence
+
+	cfg := &netlink.Config{}
+	if s.netnsFD >= 0 {
+		cfg.NetNS = s.netnsFD
+	}
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if err := bigBuffers(conn); err != nil {
+		return nil, err
+	}
+	if _, err := conn.SendMessages(req); err != nil {
+		return nil, fmt.Errorf("send batch: %w", err)
+	}
+	var failure error
+	for failure == nil {
+		msgs, err := conn.Receive()
+		if err != nil {
+			// The kernel rejected a message: the whole batch was aborted.
+			var op *netlink.OpError
+			if errors.As(err, &op) {
+				failure = op.Err
+			} else {
+				failure = err
+			}
+			break
+		}
+		if ackedSeq(msgs, lastSeq) {
+			break
+		}
+	}
+	acks := make([]netlink.Message, 0, len(req))
+	for _, m := range req {
+		if isBatchMarker(m) {
+			continue
+		}
+		code := int32(0)
+		if failure != nil && len(acks) == 0 {
+			code = -int32(errnoOf(failure))
+		}
+		acks = append(acks, ackFor(m, code))
+	}
+	return acks, nil
+}
+
+func errnoOf(err error) unix.Errno {
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	return unix.EIO
+}
+
+// ackedSeq reports whether msgs hold the acknowledgement of message seq.
+func ackedSeq(msgs []netlink.Message, seq uint32) bool {
+	for _, m := range msgs {
+		if m.Header.Type == netlink.Error && len(m.Data) >= 4+16 && binary.NativeEndian.Uint32(m.Data[4+8:]) == seq {
+			return true
+		}
+	}
+	return false
+}
+
+// ackFor builds the acknowledgement (code 0) or error (negative errno) of m.
+func ackFor(m netlink.Message, code int32) netlink.Message {
+	ne := binary.NativeEndian
+	data := make([]byte, 4+16)
+	ne.PutUint32(data[0:], uint32(code))
+	ne.PutUint32(data[4:], m.Header.Length)
+	ne.PutUint16(data[8:], uint16(m.Header.Type))
+	ne.PutUint16(data[10:], uint16(m.Header.Flags))
+	ne.PutUint32(data[12:], m.Header.Sequence)
+	ne.PutUint32(data[16:], m.Header.PID)
+	return netlink.Message{Header: netlink.Header{Type: netlink.Error, Sequence: m.Header.Sequence, PID: m.Header.PID}, Data: data}
+}
