@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -58,8 +59,10 @@ type Hook struct {
 	identity   string
 	mu         sync.Mutex
 	programmed map[netip.Addr]programmed
-	leader     bool
-	alloc      *allocator
+	// podProgrammed are the pod external IPs the dataplane maps.
+	podProgrammed map[netip.Addr]bool
+	leader        bool
+	alloc         *allocator
 	// reported are the refused spec.externalIPs already given an event in
 	// this leadership term.
 	reported map[string]bool
@@ -115,9 +118,51 @@ func (h *Hook) Programmed(snap *portal.Snapshot) {
 		}
 	}
 	h.mu.Lock()
+	for ip := range h.podProgrammed {
+		p := m[ip]
+		p.pod = true
+		m[ip] = p
+	}
 	h.programmed = m
 	h.mu.Unlock()
 	h.poke()
+}
+
+// ProgrammedPodIPs tells the hook which pod external IPs (PodExternalIPs)
+// this node's dataplane maps now; call it after every successful sync once
+// the dataplane serves them. A pod external IP is announced from its pod's
+// node only after that.
+func (h *Hook) ProgrammedPodIPs(ips []netip.Addr) {
+	h.mu.Lock()
+	h.podProgrammed = map[netip.Addr]bool{}
+	m := maps.Clone(h.programmed)
+	for ip, p := range m {
+		p.pod = false
+		m[ip] = p
+	}
+	for _, ip := range ips {
+		h.podProgrammed[ip] = true
+		p := m[ip]
+		p.pod = true
+		m[ip] = p
+	}
+	h.programmed = m
+	h.mu.Unlock()
+	h.poke()
+}
+
+// PodExternalIPs returns the current pod external IP mappings (nil unless
+// podExternalIPs is on), for the dataplane.
+func (h *Hook) PodExternalIPs() []PodExternalIP {
+	if h.pods == nil {
+		return nil
+	}
+	var pods []*corev1.Pod
+	for _, o := range h.pods.GetStore().List() {
+		pods = append(pods, o.(*corev1.Pod))
+	}
+	out, _ := PodExternalIPs(pods, h.cfg.podIPAllowed)
+	return out
 }
 
 func (h *Hook) poke() {

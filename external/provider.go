@@ -38,6 +38,7 @@ type State struct {
 
 type programmed struct {
 	anyEndpoint, localEndpoint bool
+	pod                        bool // a pod external IP mapping (ProgrammedPodIPs)
 }
 
 // IPs returns the distinct target IPs, sorted.
@@ -75,7 +76,7 @@ func (s *State) Serves(ip netip.Addr) bool {
 		}
 		p, prog := s.programmed[ip]
 		if t.Pod {
-			ok = true // pod external IPs are not in portal snapshots yet
+			ok = ok || prog && p.pod
 			continue
 		}
 		if !prog || !p.anyEndpoint && !p.localEndpoint || t.Local && !p.localEndpoint {

@@ -117,6 +117,8 @@ func TestStateServes(t *testing.T) {
 		{"not eligible", st(false, []string{"b"}, map[netip.Addr]programmed{ip: {anyEndpoint: true}}), false},
 		{"local without local endpoint in kernel", st(true, []string{"a"}, map[netip.Addr]programmed{ip: {anyEndpoint: true}}), false},
 		{"local with local endpoint", st(true, []string{"a"}, map[netip.Addr]programmed{ip: {anyEndpoint: true, localEndpoint: true}}), true},
+		{"pod IP not mapped here yet", &State{Node: "a", Targets: []Target{{IP: ip, Pod: true, Nodes: []string{"a"}}}}, false},
+		{"pod IP mapped", &State{Node: "a", Targets: []Target{{IP: ip, Pod: true, Nodes: []string{"a"}}}, programmed: map[netip.Addr]programmed{ip: {pod: true}}}, true},
 	} {
 		if got := tc.s.Serves(ip); got != tc.serve {
 			t.Errorf("%s: Serves %v, want %v", tc.name, got, tc.serve)
