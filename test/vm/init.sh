@@ -7,7 +7,7 @@
 #   ONEHOP-VM-DONE
 # then powers off. Kernel command-line options (set by the harness):
 #   onehop.run=<regexp>      passed as -test.run
-#   onehop.timeout=<dur>     passed as -test.timeout (default 240s)
+#   onehop.timeout=<dur>     passed as -test.timeout (default 400s)
 #   onehop.args=<a,b,...>    extra test flags, comma separated
 export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 export ONEHOP_VM=1 HOME=/tmp TMPDIR=/tmp
@@ -23,7 +23,7 @@ for m in $(cat /etc/mods); do
 done
 /sbin/ip link set lo up # IPVS refuses destinations while the local FIB table is empty
 
-run="" timeout=240s args=""
+run="" timeout=400s args=""
 for o in $(cat /proc/cmdline); do
 	case "$o" in
 	onehop.run=*) run=${o#onehop.run=} ;;
