@@ -50,8 +50,8 @@ type ConntrackCleaner struct {
 
 	mu     sync.Mutex
 	handle *netlink.Handle
-	// prev holds the Services with UDP or SCTP portals as last applied
-	// successfully; nil before the first Apply.
+	// prev holds the Services with UDP or SCTP portals as last cleaned
+	// successfully.
 	prev map[portal.ServiceKey]*portal.Service
 }
 
@@ -80,9 +80,9 @@ func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	began := time.Now()
-	f, next := planConntrack(c.prev, snap)
+	f, changes := planConntrack(c.prev, snap)
 	if f.empty() {
-		c.prev = next
+		c.remember(changes)
 		return 0, nil
 	}
 	h, err := c.netlink()
@@ -101,9 +101,22 @@ func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
 	if err := errors.Join(errs...); err != nil {
 		return total, err
 	}
-	c.prev = next
+	c.remember(changes)
 	c.log.Info("conntrack cleaned", "deleted", total, "service_ports", f.ports, "took", time.Since(began).Round(time.Microsecond))
 	return total, nil
+}
+
+func (c *ConntrackCleaner) remember(changes []ctChange) {
+	if c.prev == nil {
+		c.prev = map[portal.ServiceKey]*portal.Service{}
+	}
+	for _, ch := range changes {
+		if ch.svc == nil {
+			delete(c.prev, ch.key)
+		} else {
+			c.prev[ch.key] = ch.svc
+		}
+	}
 }
 
 func (c *ConntrackCleaner) netlink() (*netlink.Handle, error) {
@@ -241,10 +254,18 @@ func hasDatagram(svc *portal.Service) bool {
 	return false
 }
 
+// ctChange is one Service to remember (svc) or forget (svc nil) once the
+// cleanup succeeded.
+type ctChange struct {
+	key portal.ServiceKey
+	svc *portal.Service
+}
+
 // planConntrack compares the remembered Services with snap and returns the
-// filter of stale entries and the Services to remember next. Services are
-// compared by pointer: the producer builds a new *Service when one changes.
-func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snapshot) (*conntrackFilter, map[portal.ServiceKey]*portal.Service) {
+// filter of stale entries and the changes to the remembered Services.
+// Services are compared by pointer: the producer builds a new *Service when
+// one changes, so an unchanged Service costs one map lookup.
+func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snapshot) (*conntrackFilter, []ctChange) {
 	f := &conntrackFilter{vips: map[ctVIP]*ctTarget{}, nodePorts: map[ctNodePort]*ctTarget{}}
 	for _, a := range snap.Node.NodePortAddrs {
 		if f.nodeAddrs == nil {
@@ -252,23 +273,30 @@ func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snap
 		}
 		f.nodeAddrs[a.Unmap()] = struct{}{}
 	}
-	next := make(map[portal.ServiceKey]*portal.Service, len(prev))
+	var changes []ctChange
 	for k, svc := range snap.Services {
-		if !hasDatagram(svc) {
+		old := prev[k]
+		if old == svc {
 			continue
 		}
-		next[k] = svc
-		if old := prev[k]; old != svc {
-			f.addChange(old, svc)
+		if !hasDatagram(svc) {
+			if old != nil { // its last UDP/SCTP port went away
+				f.addChange(old, nil)
+				changes = append(changes, ctChange{k, nil})
+			}
+			continue
 		}
+		f.addChange(old, svc)
+		changes = append(changes, ctChange{k, svc})
 	}
 	for k, old := range prev {
-		if _, ok := next[k]; !ok {
-			f.addChange(old, snap.Services[k]) // deleted, or no UDP/SCTP port left
+		if _, ok := snap.Services[k]; !ok {
+			f.addChange(old, nil)
+			changes = append(changes, ctChange{k, nil})
 		}
 	}
 	f.scopeSCTP(snap)
-	return f, next
+	return f, changes
 }
 
 // portalsByKey indexes svc's UDP and SCTP portals.

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -77,9 +78,9 @@ func TestConntrackEndpointGone(t *testing.T) {
 	prev := map[portal.ServiceKey]*portal.Service{}
 	before := udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")
 	prev[before.Key] = before
-	f, next := planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.2.10")))
-	if len(next) != 1 {
-		t.Fatalf("remembered %d services, want 1", len(next))
+	f, changes := planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.2.10")))
+	if len(changes) != 1 || changes[0].svc == nil {
+		t.Fatalf("changes %+v, want the new dns to remember", changes)
 	}
 	checkFlows(t, f, []flowCase{
 		{"cluster IP DNATed to the gone endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), true},
@@ -98,12 +99,22 @@ func TestConntrackNoChangeNoWork(t *testing.T) {
 	svc := udpService("dns", portal.UDP, "10.244.1.10")
 	tcpOnly := udpService("web", portal.TCP, "10.244.1.10")
 	prev := map[portal.ServiceKey]*portal.Service{svc.Key: svc}
-	f, next := planConntrack(prev, ctSnap(svc, tcpOnly))
+	f, changes := planConntrack(prev, ctSnap(svc, tcpOnly))
 	if !f.empty() {
 		t.Errorf("unchanged UDP Service and a TCP Service gave work: %+v", f)
 	}
-	if _, ok := next[tcpOnly.Key]; ok {
-		t.Error("TCP-only Service remembered")
+	if len(changes) != 0 {
+		t.Errorf("changes %+v, want none (unchanged UDP Service, TCP-only Service)", changes)
+	}
+	// Apply needs no netlink socket when nothing is stale (and this one,
+	// in the test's own namespace, must not touch it).
+	c := NewConntrackCleaner(nil, -1)
+	c.prev = map[portal.ServiceKey]*portal.Service{svc.Key: svc}
+	if n, err := c.Apply(ctSnap(svc, tcpOnly)); n != 0 || err != nil {
+		t.Errorf("Apply with nothing to clean: %d, %v", n, err)
+	}
+	if c.handle != nil || len(c.prev) != 1 || c.prev[svc.Key] != svc {
+		t.Errorf("after Apply: handle %v, remembered %v; want no socket and only dns", c.handle, c.prev)
 	}
 	// A new endpoint next to a kept one leaves nothing stale.
 	f, _ = planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")))
@@ -143,9 +154,9 @@ func TestConntrackToNoEndpoints(t *testing.T) {
 
 func TestConntrackServiceDeletedAndAddressRemoved(t *testing.T) {
 	before := udpService("dns", portal.UDP, "10.244.1.10")
-	f, next := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap())
-	if len(next) != 0 {
-		t.Errorf("deleted Service still remembered")
+	f, changes := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap())
+	if len(changes) != 1 || changes[0].svc != nil {
+		t.Errorf("changes %+v, want the deleted Service forgotten", changes)
 	}
 	checkFlows(t, f, []flowCase{
 		{"cluster IP DNATed after delete", flow(udp, vip, 53, "10.244.1.10", 5353), true},
@@ -209,4 +220,31 @@ func TestConntrackIPv6Family(t *testing.T) {
 		{"v6 DNATed to the gone endpoint", flow(udp, "fd00:96::10", 53, "fd00:244:1::10", 5353), true},
 		{"v6 DNATed to the new endpoint", flow(udp, "fd00:96::10", 53, "fd00:244:2::10", 5353), false},
 	})
+}
+
+// BenchmarkConntrackPlan10k is the cost the cleaner adds to a sync of 10k
+// Services (half of them UDP) when one UDP Service lost an endpoint.
+func BenchmarkConntrackPlan10k(b *testing.B) {
+	snap := ctSnap()
+	prev := map[portal.ServiceKey]*portal.Service{}
+	for i := range 10000 {
+		proto := portal.UDP
+		if i%2 == 1 {
+			proto = portal.TCP
+		}
+		svc := udpService(fmt.Sprintf("svc-%d", i), proto, "10.244.1.10", "10.244.2.10")
+		snap.Services[svc.Key] = svc
+		if proto == portal.UDP {
+			prev[svc.Key] = svc
+		}
+	}
+	changed := udpService("svc-0", portal.UDP, "10.244.2.10")
+	snap.Services[changed.Key] = changed
+	b.ReportAllocs()
+	for b.Loop() {
+		f, changes := planConntrack(prev, snap)
+		if f.empty() || len(changes) != 1 {
+			b.Fatal("want one change")
+		}
+	}
 }
