@@ -33,12 +33,18 @@ type topo struct {
 }
 
 const (
-	nodeIP   = "198.51.100.1"
-	clientIP = "198.51.100.2"
-	nodePort = 30053
+	nodeIP    = "198.51.100.1"
+	clientIP  = "198.51.100.2"
+	nodeIP6   = "2001:db8:1::1"
+	clientIP6 = "2001:db8:1::2"
+	nodePort  = 30053
 )
 
 func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 2}) }
+
+func podIP6(i int) netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 2})
+}
 
 func podName(i int) string { return "pod" + string(rune('0'+i)) }
 
@@ -50,20 +56,26 @@ func newTopo(t *testing.T, pods int) *topo {
 		upstream: nsutil.New(t, "ohctu-"),
 	}
 	tp.node.Sysctl(t, "net.ipv4.ip_forward", "1")
-	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/24"}, tp.client, "eth0", []string{clientIP + "/24"})
+	tp.node.Sysctl(t, "net.ipv6.conf.all.forwarding", "1")
+	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/24", nodeIP6 + "/64"}, tp.client, "eth0", []string{clientIP + "/24", clientIP6 + "/64"})
 	tp.client.IP(t, "route", "add", "default", "via", nodeIP)
-	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24"}, tp.upstream, "eth0", []string{"192.0.2.2/24"})
+	tp.client.IP(t, "-6", "route", "add", "default", "via", nodeIP6)
+	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24", "2001:db8:2::1/64"}, tp.upstream, "eth0", []string{"192.0.2.2/24", "2001:db8:2::2/64"})
 	tp.node.IP(t, "route", "add", "default", "via", "192.0.2.2")
+	tp.node.IP(t, "-6", "route", "add", "default", "via", "2001:db8:2::2")
 	for i := 0; i < pods; i++ {
 		p := nsutil.New(t, "ohctp-")
 		gw := netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 1})
-		nsutil.Veth(t, tp.node, nsutil.Unique("p"), []string{gw.String() + "/24"}, p, "eth0", []string{podIP(i).String() + "/24"})
+		gw6 := netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 1})
+		nsutil.Veth(t, tp.node, nsutil.Unique("p"), []string{gw.String() + "/24", gw6.String() + "/64"},
+			p, "eth0", []string{podIP(i).String() + "/24", podIP6(i).String() + "/64"})
 		p.IP(t, "route", "add", "default", "via", gw.String())
+		p.IP(t, "-6", "route", "add", "default", "via", gw6.String())
 		p.Echo(t, podName(i), ":8080")
 		tp.pods = append(tp.pods, p)
 	}
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	cfg := dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	cfg := dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/32")}}
 	tp.b = nft.New(cfg, nft.WithNetNS(tp.node.FD()), nft.WithLogger(log))
 	tp.cleaner = dataplane.NewConntrackCleaner(log, tp.node.FD())
 	t.Cleanup(func() {
@@ -76,24 +88,29 @@ func newTopo(t *testing.T, pods int) *topo {
 }
 
 // udpService is one UDP Service port 53 -> 8080 on the cluster IP vip and
-// NodePort 30053, with the given pods as endpoints.
+// NodePort 30053, with the given pods as endpoints, in vip's family.
 func udpService(name, vip string, pods ...int) *portal.Service {
 	key := portal.ServiceKey{Namespace: "default", Name: name}
+	addr := netip.MustParseAddr(vip)
 	p := &portal.Portal{
-		Key:        portal.PortKey{Service: key, Port: "dns", Protocol: portal.UDP, Family: portal.IPv4},
+		Key:        portal.PortKey{Service: key, Port: "dns", Protocol: portal.UDP, Family: portal.FamilyOf(addr)},
 		Port:       53,
-		ClusterIPs: []netip.Addr{netip.MustParseAddr(vip)},
+		ClusterIPs: []netip.Addr{addr},
 		NodePort:   nodePort,
 	}
 	for _, i := range pods {
-		p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(podIP(i), 8080))
+		ip := podIP(i)
+		if addr.Is6() {
+			ip = podIP6(i)
+		}
+		p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(ip, 8080))
 	}
 	return &portal.Service{Key: key, Portals: []*portal.Portal{p}}
 }
 
 func snapshot(svcs ...*portal.Service) *portal.Snapshot {
 	s := &portal.Snapshot{
-		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nodeIP)}},
+		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr(nodeIP6)}},
 		Services: map[portal.ServiceKey]*portal.Service{},
 	}
 	for _, svc := range svcs {
@@ -271,21 +288,23 @@ func controlWindow(t *testing.T, s *sender, stuck string) {
 // entry until the cleaner deletes the entry; then the next datagram reaches
 // the new endpoint.
 func TestUDPFlowFollowsEndpointChange(t *testing.T) {
-	for _, tc := range []struct{ name, addr string }{
-		{"ClusterIP", "10.96.0.53:53"},
-		{"NodePort", nodeIP + ":30053"},
+	for _, tc := range []struct{ name, vip, addr string }{
+		{"ClusterIP", "10.96.0.53", "10.96.0.53:53"},
+		{"NodePort", "10.96.0.53", nodeIP + ":30053"},
+		{"ClusterIPv6", "fd00:96::53", "[fd00:96::53]:53"},
+		{"NodePortIPv6", "fd00:96::53", "[" + nodeIP6 + "]:30053"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tp := newTopo(t, 2)
-			tp.sync(t, snapshot(udpService("dns", "10.96.0.53", 0)), true)
+			tp.sync(t, snapshot(udpService("dns", tc.vip, 0)), true)
 			s := startSender(t, tp.client, tc.addr)
 			s.waitFor(t, podName(0), time.Time{})
 
-			tp.sync(t, snapshot(udpService("dns", "10.96.0.53", 1)), false)
+			tp.sync(t, snapshot(udpService("dns", tc.vip, 1)), false)
 			controlWindow(t, s, podName(0))
 
 			began := time.Now()
-			if _, err := tp.cleaner.Apply(snapshot(udpService("dns", "10.96.0.53", 1))); err != nil {
+			if _, err := tp.cleaner.Apply(snapshot(udpService("dns", tc.vip, 1))); err != nil {
 				t.Fatal(err)
 			}
 			d := s.waitFor(t, podName(1), began)
