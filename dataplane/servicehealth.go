@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -38,8 +39,8 @@ const ReasonHealthCheckFailed = "FailedToStartServiceHealthcheck"
 //
 // Update (called after each applied sync) starts and stops servers as
 // Services come and go; a port that cannot be bound is reported through the
-// EventFunc and retried at the next Update. The methods are safe for
-// concurrent use.
+// EventFunc (once per distinct failure, not at every retry) and retried at
+// every Update. The methods are safe for concurrent use.
 type ServiceHealth struct {
 	log     *slog.Logger
 	events  EventFunc
@@ -48,7 +49,10 @@ type ServiceHealth struct {
 
 	mu      sync.Mutex
 	servers map[uint16]*hcServer
-	closed  bool
+	// reported holds the failure last reported per Service, so that a
+	// retry failing the same way at every sync does not repeat the event.
+	reported map[portal.ServiceKey]string
+	closed   bool
 }
 
 // ServiceHealthOption configures a ServiceHealth.
@@ -72,7 +76,7 @@ func NewServiceHealth(log *slog.Logger, events EventFunc, opts ...ServiceHealthO
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &ServiceHealth{log: log, events: events, servers: map[uint16]*hcServer{}}
+	s := &ServiceHealth{log: log, events: events, servers: map[uint16]*hcServer{}, reported: map[portal.ServiceKey]string{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -114,6 +118,7 @@ type hcWant struct {
 // local endpoints snap gives. It does not keep snap.
 func (s *ServiceHealth) Update(snap *portal.Snapshot) {
 	want := map[uint16]hcWant{}
+	var clashes []hcWant
 	var keys []portal.ServiceKey
 	for k, svc := range snap.Services {
 		if hcPort(svc) != 0 {
@@ -123,17 +128,17 @@ func (s *ServiceHealth) Update(snap *portal.Snapshot) {
 	// Sorted, so that on a (API-forbidden) port clash the same Service wins
 	// every time.
 	slices.SortFunc(keys, func(a, b portal.ServiceKey) int {
-		if c := compareStr(a.Namespace, b.Namespace); c != 0 {
+		if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
 			return c
 		}
-		return compareStr(a.Name, b.Name)
+		return cmp.Compare(a.Name, b.Name)
 	})
 	for _, k := range keys {
 		svc := snap.Services[k]
 		port := hcPort(svc)
 		w := hcWant{svc: k, count: localEndpointCount(svc)}
-		if other, taken := want[port]; taken { // forbidden by the API; first in order wins
-			s.event(k, fmt.Sprintf("health check node port %d is already served for %s", port, other.svc))
+		if _, taken := want[port]; taken { // forbidden by the API; first in order wins
+			clashes = append(clashes, w)
 			continue
 		}
 		want[port] = w
@@ -143,6 +148,12 @@ func (s *ServiceHealth) Update(snap *portal.Snapshot) {
 	defer s.mu.Unlock()
 	if s.closed {
 		return
+	}
+	failing := map[portal.ServiceKey]bool{}
+	for _, w := range clashes {
+		port := hcPort(snap.Services[w.svc])
+		s.fail(w.svc, port, fmt.Sprintf("health check node port %d is already served for %s", port, want[port].svc), nil)
+		failing[w.svc] = true
 	}
 	for port, srv := range s.servers {
 		if w, ok := want[port]; !ok || w.svc != srv.svc {
@@ -158,13 +169,30 @@ func (s *ServiceHealth) Update(snap *portal.Snapshot) {
 		}
 		srv, err := s.start(port, w)
 		if err != nil {
-			s.log.Error("cannot serve health check node port; retrying at the next sync", "service", w.svc.String(), "port", port, "err", err)
-			s.event(w.svc, fmt.Sprintf("failed to start the health check on node port %d: %v", port, err))
+			s.fail(w.svc, port, fmt.Sprintf("failed to start the health check on node port %d: %v", port, err), err)
+			failing[w.svc] = true
 			continue
 		}
 		s.servers[port] = srv
 		s.log.Info("health check node port serving", "service", w.svc.String(), "port", port, "local_endpoints", w.count)
 	}
+	for k := range s.reported {
+		if !failing[k] {
+			delete(s.reported, k)
+		}
+	}
+}
+
+// fail logs and reports a failure of svc's health check; the same failure
+// again is only logged at debug level. Called with s.mu held.
+func (s *ServiceHealth) fail(svc portal.ServiceKey, port uint16, msg string, err error) {
+	if s.reported[svc] == msg {
+		s.log.Debug("health check node port still cannot be served", "service", svc.String(), "port", port, "reason", msg)
+		return
+	}
+	s.reported[svc] = msg
+	s.log.Error("cannot serve health check node port; retrying at every sync", "service", svc.String(), "port", port, "reason", msg, "err", err)
+	s.event(svc, msg)
 }
 
 func (s *ServiceHealth) event(svc portal.ServiceKey, msg string) {
@@ -196,16 +224,6 @@ func localEndpointCount(svc *portal.Service) int {
 		n = max(n, len(addrs))
 	}
 	return n
-}
-
-func compareStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (s *ServiceHealth) start(port uint16, w hcWant) (*hcServer, error) {

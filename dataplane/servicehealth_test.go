@@ -227,6 +227,11 @@ func TestServiceHealthPortBusyThenRetried(t *testing.T) {
 	if len(sh.Ports()) != 0 {
 		t.Errorf("ports %v served although the bind failed", sh.Ports())
 	}
+	// The retry at the next sync fails the same way: no second event.
+	update(t, n, sh, snapOf(svc))
+	if ev := events.take(); len(ev) != 0 {
+		t.Errorf("the same failure reported again at the retry: %+v", ev)
+	}
 
 	squatter.Close()
 	update(t, n, sh, snapOf(svc))
@@ -283,10 +288,21 @@ func TestServiceHealthClashEvent(t *testing.T) {
 		return net.Listen("tcp", "127.0.0.1:0")
 	}))
 	defer sh.Close()
-	sh.Update(snapOf(localService("a", 31008, "10.244.1.10"), localService("b", 31008)))
+	snap := snapOf(localService("a", 31008, "10.244.1.10"), localService("b", 31008))
+	sh.Update(snap)
 	ev := events.take()
-	if len(ev) != 1 || ev[0].svc.Name != "b" {
-		t.Errorf("events %+v, want one on shop/b (a sorts first and keeps the port)", ev)
+	if len(ev) != 1 || ev[0].svc.Name != "b" || !strings.Contains(ev[0].detail, "shop/a") {
+		t.Errorf("events %+v, want one on shop/b naming shop/a (a sorts first and keeps the port)", ev)
+	}
+	sh.Update(snap)
+	if ev := events.take(); len(ev) != 0 {
+		t.Errorf("the same clash reported again: %+v", ev)
+	}
+	// Once the clash is gone and comes back, it is reported again.
+	sh.Update(snapOf(localService("a", 31008, "10.244.1.10")))
+	sh.Update(snap)
+	if ev := events.take(); len(ev) != 1 {
+		t.Errorf("events %+v after the clash came back, want one", ev)
 	}
 }
 
