@@ -6,6 +6,7 @@ import (
 	"flag"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -360,4 +361,37 @@ func TestRejectedTransactionIsAtomicAndRepaired(t *testing.T) {
 		t.Errorf("after repair b must reach pod0: %v", seen)
 	}
 	mustDrop(t, tp.pods[0], "udp", "10.96.0.1:80")
+}
+
+// Whoever debugs with the nft tool must be able to list the table.
+func TestNftToolListsTheTable(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("the nft tool (Debian package nftables) is not installed")
+	}
+	tp := newTopo(t, 3)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.NodePort = 30080
+		p.ClusterEndpoints = eps(8080, 1, 2)
+		p.Affinity.TimeoutSeconds = 30
+	})
+	plain := service("plain", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+		p.ClusterEndpoints = eps(8080, 0, 1, 2)
+	})
+	tp.sync(t, snapshot(plain), true)
+	if out, err := tp.node.Exec("nft", "list", "table", "inet", TableName); err != nil {
+		t.Errorf("without affinity: nft list table: %v\n%s", err, out)
+	}
+	tp.sync(t, snapshot(web, plain), true)
+	ask(t, tp.pods[0], "tcp", "10.96.0.10:80", 1)
+	out, err := tp.node.Exec("nft", "list", "table", "inet", TableName)
+	if err != nil {
+		t.Fatalf("nft list table: %v\n%s", err, out)
+	}
+	for _, want := range []string{"chain services", "10.96.0.10 . tcp . 80", "10.244.2.2 . 8080"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("nft list table lacks %q:\n%s", want, out)
+		}
+	}
 }

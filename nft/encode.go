@@ -94,9 +94,3 @@ func epKeyID(id uint32) []byte { return binary.BigEndian.AppendUint32(nil, id) }
 
 // epKey encodes chain id . index (the index as numgen leaves it: host order).
 func epKey(id uint32, i int) []byte { return append(epKeyID(id), numgenKey(uint32(i))...) }
-
-// affKey encodes chain id . addr . port, the key of the affinity endpoint set.
-func affKey(id uint32, ep netip.AddrPort) []byte {
-	b := append(epKeyID(id), addrBytes(ep.Addr())...)
-	return pad4(append(b, portBytes(ep.Port())...))
-}

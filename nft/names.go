@@ -41,7 +41,6 @@ func setHairpin(f portal.Family) string       { return "hairpin" + fam(f) }
 func setClusterIPs(f portal.Family) string    { return "cluster-ips" + fam(f) }
 func setExtMarks(f portal.Family) string      { return "ext-marks" + fam(f) }
 func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
-func setAffinityEps(f portal.Family) string   { return "aff-eps" + fam(f) }
 
 // endpointShards spreads the endpoint maps: binding a rule to a data map
 // makes the kernel walk all of the map's elements, so a Service's rule must
@@ -60,6 +59,9 @@ const (
 	kindExternal = "ext"
 	kindAll      = "all" // all endpoints, when the svc chain only has local ones
 	kindFirewall = "fw"  // loadBalancerSourceRanges
+	// kindAffinityEndpoint chains remember a client and DNAT to one
+	// endpoint; named kind<f>/.../<port>@<endpoint>.
+	kindAffinityEndpoint = "aep"
 )
 
 func portalChain(kind string, k portal.PortKey) string {

@@ -39,14 +39,22 @@ func (b chainBody) sameRules(o chainBody) bool {
 		len(b.endpoints) == len(o.endpoints)
 }
 
-// affinitySet names the map of client -> endpoint of a chain with
-// affinity; the timeout is part of the name so that a changed timeout is a
-// new set.
-func (b chainBody) affinitySet(chain string) string {
+// affinityObjects names, for each endpoint of a chain with ClientIP
+// affinity, the set of clients that stick to it and the chain that sends
+// them there. Named after the endpoint (and the timeout), so that an
+// endpoint that stays keeps its clients across changes, as in kube-proxy.
+func (b chainBody) affinityObjects(chain string) map[netip.AddrPort][2]string {
 	if b.affinity == 0 || len(b.endpoints) < 2 {
-		return ""
+		return nil
 	}
-	return fmt.Sprintf("aff%d:%s", b.affinity, chain)
+	out := make(map[netip.AddrPort][2]string, len(b.endpoints))
+	for _, ep := range b.endpoints {
+		out[ep] = [2]string{
+			fmt.Sprintf("aff%d:%s@%s", b.affinity, chain, ep),
+			kindAffinityEndpoint + chain[len(kindService):] + "@" + ep.String(),
+		}
+	}
+	return out
 }
 
 // elem is one element of a named set or map; chain is the goto target of a

@@ -35,13 +35,11 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setExtMarks(f), Concatenation: true, KeyType: vipType},
 			&nftables.Set{Table: t, Name: setNodePortMarks(f), Concatenation: true, KeyType: ppType},
-			&nftables.Set{Table: t, Name: setAffinityEps(f), Concatenation: true,
-				KeyType: nftables.MustConcatSetType(nftables.TypeInteger, addrType(f), nftables.TypeInetService)},
 			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
 		)
 		for i := uint32(0); i < endpointShards; i++ {
 			sets = append(sets, &nftables.Set{Table: t, Name: setEndpoints(f, i), IsMap: true, Concatenation: true,
-				KeyType:  nftables.MustConcatSetType(nftables.TypeInteger, nftables.TypeInteger),
+				KeyType:  nftables.MustConcatSetType(nftables.TypeMark, nftables.TypeMark),
 				DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)})
 		}
 	}

@@ -46,8 +46,9 @@ type tx struct {
 	bodies    map[string]chainBody
 	oldBodies map[string]chainBody // of rewritten and deleted chains
 	newAff    map[string]bool      // affinity maps created
-	delAff    []string             // affinity maps deleted
-	rewrite   map[string]bool      // existing chains whose rules are replaced
+	delAff    [][2]string          // affinity sets and chains deleted
+	err       error
+	rewrite   map[string]bool // existing chains whose rules are replaced
 	delChains []string
 	addElems  map[string][]nftables.SetElement
 	delElems  map[string][]nftables.SetElement
@@ -157,7 +158,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			t.bodies[name] = body
 			changed = true
 		case ob.equal(body):
-		case ob.sameRules(body) && len(body.endpoints) >= 2:
+		case ob.sameRules(body) && len(body.endpoints) >= 2 && body.affinity == 0:
 			t.updateEndpoints(name, ob, body)
 			changed = true
 		default:
@@ -340,20 +341,21 @@ func (t *tx) chainRules(name string, body chainBody) {
 			&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
 			dnatFrom(f, reg1)})
 	default:
-		id := t.b.chainID(name)
-		eps := setEndpoints(f, id)
-		if aff := body.affinitySet(name); aff != "" {
-			t.affinityRules(add, name, body, id, aff)
-		} else {
-			// dnat to id . numgen random mod N map @endpoints<f>-<shard>
-			add([]expr.Any{counter(),
-				&expr.Immediate{Register: reg1, Data: epKeyID(id)},
-				&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
-				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: eps},
-				dnatFrom(f, reg1)})
+		if body.affinity > 0 {
+			if err := t.affinityRules(add, name, body); err != nil {
+				t.err = err
+			}
+			return
 		}
+		// dnat to id . numgen random mod N map @endpoints<f>-<shard>
+		id := t.b.chainID(name)
+		add([]expr.Any{counter(),
+			&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+			&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
+			dnatFrom(f, reg1)})
 		for i, ep := range body.endpoints {
-			t.addEndpoint(f, id, i, ep, body.affinity > 0)
+			t.addEndpoint(f, id, i, ep)
 		}
 	}
 }
@@ -369,78 +371,78 @@ func dnatFrom(f portal.Family, reg uint32) *expr.NAT {
 }
 
 // affinityRules: a client seen within the timeout goes back to its
-// endpoint (if that is still an endpoint); a new one gets a random endpoint,
-// remembered in the chain's affinity map.
-//
-// Registers: id in reg32_00; the remembered or chosen addr . port from
-// reg32_01; the client address after that.
-func (t *tx) affinityRules(add func([]expr.Any), name string, body chainBody, id uint32, aff string) {
+// endpoint; a new one is sent to a random endpoint, whose chain remembers it.
+// Rules per endpoint, as kube-proxy: only Services with affinity pay for it.
+func (t *tx) affinityRules(add func([]expr.Any), name string, body chainBody) error {
 	f := body.family
-	al := uint32(addrLen(f))
-	ap := uint32(unix.NFT_REG32_01) // addr . port
-	cli := ap + al/4 + 1            // client address
-	if !t.b.affSets[aff] && !t.newAff[aff] {
-		set := &nftables.Set{Table: t.b.table, Name: aff, IsMap: true, HasTimeout: true, Dynamic: true,
-			Timeout: time.Duration(body.affinity) * time.Second, KeyType: addrType(f),
-			DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)}
-		if err := t.conn.AddSet(set, nil); err == nil {
-			t.newAff[aff] = true
-			t.stats.Messages++
-		}
-	}
 	timeout := time.Duration(body.affinity) * time.Second
-	// Known client: check the endpoint is still one of ours, refresh, DNAT.
+	objs := body.affinityObjects(name)
+	vm := &nftables.Set{Table: t.b.table, Anonymous: true, Constant: true, IsMap: true,
+		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	var vmElems []nftables.SetElement
+	for i, ep := range body.endpoints {
+		setName, chain := objs[ep][0], objs[ep][1]
+		if !t.b.affSets[setName] && !t.newAff[setName] {
+			set := &nftables.Set{Table: t.b.table, Name: setName, HasTimeout: true, Dynamic: true, Timeout: timeout, KeyType: addrType(f)}
+			if err := t.conn.AddSet(set, nil); err != nil {
+				return err
+			}
+			ch := &nftables.Chain{Name: chain, Table: t.b.table}
+			t.conn.AddChain(ch)
+			al := addrLen(f)
+			t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: []expr.Any{
+				loadAddr(f, false, reg1),
+				&expr.Dynset{SrcRegKey: reg1, SetName: setName, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
+				counter(),
+				&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
+				&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
+				dnatFrom(f, reg1),
+			}})
+			t.newAff[setName] = true
+			t.stats.Messages += 3
+		}
+		add([]expr.Any{loadAddr(f, false, reg1), lookup(setName, false), verdict(expr.VerdictGoto, chain)})
+		vmElems = append(vmElems, nftables.SetElement{Key: numgenKey(uint32(i)), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
+	}
+	if err := t.conn.AddSet(vm, vmElems); err != nil {
+		return err
+	}
+	t.stats.Messages += 2
 	add([]expr.Any{
-		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
-		loadAddr(f, false, cli),
-		&expr.Lookup{SourceRegister: cli, DestRegister: ap, IsDestRegSet: true, SetName: aff},
-		&expr.Lookup{SourceRegister: reg1, SetName: setAffinityEps(f)},
-		&expr.Dynset{SrcRegKey: cli, SrcRegData: ap, SetName: aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
-		counter(),
-		dnatFrom(f, ap),
+		&expr.Numgen{Register: reg1, Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: reg1, IsDestRegSet: true, SetName: vm.Name, SetID: vm.ID},
 	})
-	// New client: pick at random and remember.
-	add([]expr.Any{
-		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
-		&expr.Numgen{Register: reg32After(4), Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: ap, IsDestRegSet: true, SetName: setEndpoints(f, id)},
-		loadAddr(f, false, cli),
-		&expr.Dynset{SrcRegKey: cli, SrcRegData: ap, SetName: aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
-		counter(),
-		dnatFrom(f, ap),
-	})
+	return nil
 }
 
-func (t *tx) addEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort, affinity bool) {
+func (t *tx) addEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort) {
 	s := setEndpoints(f, id)
 	t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
-	if affinity {
-		a := setAffinityEps(f)
-		t.addElems[a] = append(t.addElems[a], nftables.SetElement{Key: affKey(id, ep)})
-	}
 }
 
-func (t *tx) delEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort, affinity bool) {
+func (t *tx) delEndpoint(f portal.Family, id uint32, i int) {
 	s := setEndpoints(f, id)
 	t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
-	if affinity {
-		a := setAffinityEps(f)
-		t.delElems[a] = append(t.delElems[a], nftables.SetElement{Key: affKey(id, ep)})
-	}
 }
 
 // dropEndpoints deletes the endpoint-map elements of a chain's old body,
 // and its affinity map when the new body has another or none.
 func (t *tx) dropEndpoints(name string, old, next chainBody) {
-	if aff := old.affinitySet(name); aff != "" && aff != next.affinitySet(name) {
-		t.delAff = append(t.delAff, aff)
+	keep := next.affinityObjects(name)
+	for ep, o := range old.affinityObjects(name) {
+		if keep[ep] != o {
+			t.delAff = append(t.delAff, o) // set, chain
+		}
+	}
+	if old.affinity > 0 {
+		return // no endpoint-map elements
 	}
 	if len(old.endpoints) < 2 {
 		return
 	}
 	id := t.b.chainID(name)
-	for i, ep := range old.endpoints {
-		t.delEndpoint(old.family, id, i, ep, old.affinity > 0)
+	for i := range old.endpoints {
+		t.delEndpoint(old.family, id, i)
 	}
 }
 
@@ -452,8 +454,8 @@ func (t *tx) updateEndpoints(name string, old, body chainBody) {
 		if old.endpoints[i] == ep {
 			continue
 		}
-		t.delEndpoint(body.family, id, i, old.endpoints[i], body.affinity > 0)
-		t.addEndpoint(body.family, id, i, ep, body.affinity > 0)
+		t.delEndpoint(body.family, id, i)
+		t.addEndpoint(body.family, id, i, ep)
 	}
 }
 
@@ -547,9 +549,13 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		t.conn.DelChain(&nftables.Chain{Name: name, Table: t.b.table})
 	}
 	t.stats.Messages += 2 * len(t.delChains)
-	for _, aff := range t.delAff {
-		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: aff})
-		t.stats.Messages++
+	for _, o := range t.delAff {
+		t.conn.DelChain(&nftables.Chain{Name: o[1], Table: t.b.table})
+		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: o[0]})
+		t.stats.Messages += 2
+	}
+	if t.err != nil {
+		return t.stats, t.err
 	}
 
 	if t.stats.Messages > 0 {
@@ -594,8 +600,8 @@ func (t *tx) adopt() {
 	if t.npChanged {
 		b.npIPs = t.npIPs
 	}
-	for _, aff := range t.delAff {
-		delete(b.affSets, aff)
+	for _, o := range t.delAff {
+		delete(b.affSets, o[0])
 	}
 	for aff := range t.newAff {
 		b.affSets[aff] = true
