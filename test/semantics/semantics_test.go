@@ -14,6 +14,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/onehop/onehop/test/netns"
@@ -34,6 +35,7 @@ func TestSemantics(t *testing.T) {
 	}{
 		{"SessionAffinity", testAffinity},
 		{"ExternalTrafficPolicyLocal", testExternalLocal},
+		{"HealthCheckPortBusyEvent", testHealthCheckPortBusy},
 		{"TerminatingFallback", testTerminatingFallback},
 		{"LoadBalancerSourceRanges", testSourceRanges},
 		{"UDPEndpointCycle", testUDPCycle},
@@ -552,4 +554,67 @@ func testUDPCycle(t *testing.T, c *netns.Cluster) {
 		d := s.waitStreak(t, step.want, 10, at)
 		logLatency(t, step.what+": the running flow follows", d)
 	}
+}
+
+// A health-check node port that cannot be bound (something on the node holds
+// it) gives a Warning event on the Service; once the port is free, the next
+// sync serves it.
+func testHealthCheckPortBusy(t *testing.T, c *netns.Cluster) {
+	if !agentWires(t, "NewServiceHealth") {
+		t.Skip("cmd/agent does not wire dataplane.NewServiceHealth (health-check node ports) yet")
+	}
+	ctx := ctxFor(t)
+	node1 := c.Nodes[0]
+	const hc = 32123
+	squatter, err := ns.Listen(node1.Netns, "tcp", fmt.Sprintf(":%d", hc))
+	if err != nil {
+		t.Fatalf("hold port %d on %s: %v", hc, node1.Name, err)
+	}
+	defer squatter.Close()
+
+	s := service("squatted", v1.ServiceTypeLoadBalancer, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))
+	s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	s.Spec.HealthCheckNodePort = hc
+	svc, since := expose(t, c, s, netns.Ready(node1.Pods...))
+	if svc.Spec.HealthCheckNodePort != hc {
+		t.Fatalf("healthCheckNodePort %d, asked for %d", svc.Spec.HealthCheckNodePort, hc)
+	}
+
+	var found *v1.Event
+	for found == nil && time.Since(since) < netns.ConvergeTimeout {
+		evs, err := c.Client.CoreV1().Events(svc.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + svc.Name,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range evs.Items {
+			if e.Reason == "FailedToStartServiceHealthcheck" && e.Type == v1.EventTypeWarning {
+				found = &evs.Items[i]
+			}
+		}
+		if found == nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if found == nil {
+		t.Fatalf("no Warning FailedToStartServiceHealthcheck event on service %s within %v while %s held port %d",
+			svc.Name, netns.ConvergeTimeout, node1.Name, hc)
+	}
+	logLatency(t, "event on the Service", time.Since(since))
+	t.Logf("event: %s %s (source %s): %s", found.Type, found.Reason, found.Source.Host, found.Message)
+	if found.Source.Host != node1.Name || !strings.Contains(found.Message, fmt.Sprint(hc)) {
+		t.Errorf("event from %q with message %q: want it from %s naming port %d", found.Source.Host, found.Message, node1.Name, hc)
+	}
+	if found.InvolvedObject.UID != svc.UID {
+		t.Logf("note: the event's involvedObject has UID %q, the Service %q: `kubectl describe service` lists events by UID", found.InvolvedObject.UID, svc.UID)
+	}
+
+	// Free the port; any later sync (here: an endpoint change) serves it.
+	squatter.Close()
+	freed := time.Now()
+	if err := c.SetEndpoints(ctx, svc, netns.Ready(node1.Pods[0])); err != nil {
+		t.Fatal(err)
+	}
+	checkHealthAnswer(t, waitHealth(t, c, node1, hc, http.StatusOK, 1, freed), svc, 1)
 }
