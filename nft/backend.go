@@ -32,6 +32,7 @@ type Backend struct {
 	refs     map[string]int            // shared element id -> portals using it
 	affSets  map[string]bool           // affinity maps in the table
 	npIPs    []netip.Addr
+	podIPs   []portal.PodExternalIP
 	// ids number the chains that pick from the endpoint maps: an endpoint
 	// element's key is chain id . index.
 	ids      map[string]uint32
@@ -78,7 +79,7 @@ func (b *Backend) reset() {
 	b.owners = map[string]portal.PortKey{}
 	b.refs = map[string]int{}
 	b.affSets = map[string]bool{}
-	b.npIPs = nil
+	b.npIPs, b.podIPs = nil, nil
 	b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	b.chains, b.elements = 0, 0
 }
@@ -151,6 +152,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		t.service(k, snap.Services[k])
 	}
 	t.nodePortIPs(snap.Node.NodePortAddrs)
+	t.podExternalIPs(snap.Node.PodExternalIPs)
 	stats, err := t.commit()
 	stats.Full = full
 	stats.Services = len(keys)

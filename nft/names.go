@@ -39,6 +39,8 @@ func setNoEndpoints(f portal.Family) string   { return "noep" + fam(f) }
 func setNoEndpointsNP(f portal.Family) string { return "noep-nodeports" + fam(f) }
 func setHairpin(f portal.Family) string       { return "hairpin" + fam(f) }
 func setClusterIPs(f portal.Family) string    { return "cluster-ips" + fam(f) }
+func setPodDNAT(f portal.Family) string       { return "pod-dnat" + fam(f) }
+func setPodSNAT(f portal.Family) string       { return "pod-snat" + fam(f) }
 func setExtMarks(f portal.Family) string      { return "ext-marks" + fam(f) }
 func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
 

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -33,6 +34,8 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setNoEndpointsNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNodePortIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
+			&nftables.Set{Table: t, Name: setPodDNAT(f), IsMap: true, KeyType: addrType(f), DataType: addrType(f)},
+			&nftables.Set{Table: t, Name: setPodSNAT(f), IsMap: true, KeyType: addrType(f), DataType: addrType(f)},
 			&nftables.Set{Table: t, Name: setExtMarks(f), Concatenation: true, KeyType: vipType},
 			&nftables.Set{Table: t, Name: setNodePortMarks(f), Concatenation: true, KeyType: ppType},
 			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
@@ -90,7 +93,11 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 		np := cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setNodePortIPs(f), false)}, loadProtoPort(unix.NFT_REG32_00))
 		services = append(services,
 			cat(np, []expr.Any{lookup(setNodePortMarks(f), false)}, setMarkBits(mark)),
-			cat(np, []expr.Any{vmap(setNodePorts(f))}))
+			cat(np, []expr.Any{vmap(setNodePorts(f))}),
+			// A pod's own external IP: every protocol and port, 1:1.
+			cat(fm, []expr.Any{loadAddr(f, true, reg1),
+				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setPodDNAT(f)},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(f)), RegAddrMin: reg1}}))
 		check = append(check, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
 	}
 	for _, f := range families {
@@ -114,7 +121,25 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 		{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},
 	}
 
-	post := [][]expr.Any{cat(matchMarkBits(mark), clearMarkBits(mark), []expr.Any{masquerade()})}
+	var post [][]expr.Any
+	for _, f := range families {
+		// A pod with its own external IP leaves with it, except towards
+		// the cluster and this node.
+		r := matchFamily(f)
+		for _, p := range cfg.ClusterCIDRs {
+			if portal.FamilyOf(p.Addr()) == f {
+				r = append(r, matchPrefix(f, true, p, expr.CmpOpNeq)...)
+			}
+		}
+		r = append(r,
+			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+			loadAddr(f, false, unix.NFT_REG_2),
+			&expr.Lookup{SourceRegister: unix.NFT_REG_2, DestRegister: unix.NFT_REG_2, IsDestRegSet: true, SetName: setPodSNAT(f)},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(nfproto(f)), RegAddrMin: unix.NFT_REG_2})
+		post = append(post, r)
+	}
+	post = append(post, cat(matchMarkBits(mark), clearMarkBits(mark), []expr.Any{masquerade()}))
 	for _, f := range families {
 		post = append(post, cat(matchFamily(f), matchCtStatus(ipsDstNAT),
 			[]expr.Any{loadAddr(f, false, reg1), loadAddr(f, true, reg32After(addrLen(f))), lookup(setHairpin(f), false), masquerade()}))

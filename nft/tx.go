@@ -41,6 +41,8 @@ type tx struct {
 	refD      map[string]int                        // shared element id -> change of its reference count
 	npIPs     []netip.Addr
 	npChanged bool
+	podIPs    []portal.PodExternalIP
+	podIPsSet bool
 
 	newChains []string
 	bodies    map[string]chainBody
@@ -252,6 +254,39 @@ func (t *tx) nodePortIPs(addrs []netip.Addr) {
 	}
 	t.npIPs = addrs
 	t.npChanged = true
+}
+
+// podExternalIPs diffs the pod external IP maps.
+func (t *tx) podExternalIPs(ips []portal.PodExternalIP) {
+	var old []portal.PodExternalIP
+	if !t.full {
+		old = t.b.podIPs
+	}
+	if !t.full && slices.Equal(old, ips) {
+		return
+	}
+	for _, p := range old {
+		if !slices.Contains(ips, p) {
+			f := portal.FamilyOf(p.External)
+			t.delElems[setPodDNAT(f)] = append(t.delElems[setPodDNAT(f)], nftables.SetElement{Key: addrBytes(p.External)})
+			t.delElems[setPodSNAT(f)] = append(t.delElems[setPodSNAT(f)], nftables.SetElement{Key: addrBytes(p.Pod)})
+		}
+	}
+	seenPod := map[netip.Addr]bool{}
+	for _, p := range ips {
+		if seenPod[p.Pod] {
+			t.b.log.Warn("pod has more than one external IP; only the first is used", "pod", p.Name.String(), "ip", p.External)
+			continue
+		}
+		seenPod[p.Pod] = true
+		if slices.Contains(old, p) {
+			continue
+		}
+		f := portal.FamilyOf(p.External)
+		t.addElems[setPodDNAT(f)] = append(t.addElems[setPodDNAT(f)], nftables.SetElement{Key: addrBytes(p.External), Val: addrBytes(p.Pod)})
+		t.addElems[setPodSNAT(f)] = append(t.addElems[setPodSNAT(f)], nftables.SetElement{Key: addrBytes(p.Pod), Val: addrBytes(p.External)})
+	}
+	t.podIPs, t.podIPsSet = ips, true
 }
 
 // writeFixed replaces the whole table atomically: add (so that the delete
@@ -599,6 +634,9 @@ func (t *tx) adopt() {
 	}
 	if t.npChanged {
 		b.npIPs = t.npIPs
+	}
+	if t.podIPsSet {
+		b.podIPs = t.podIPs
 	}
 	for _, o := range t.delAff {
 		delete(b.affSets, o[0])

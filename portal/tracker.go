@@ -32,6 +32,7 @@ type Tracker struct {
 	built     map[ServiceKey]*Service
 	dirty     map[ServiceKey]struct{}
 	nodeAddrs []netip.Addr
+	podIPs    []PodExternalIP
 	// changed is when the oldest unsynced change arrived (zero: none).
 	changed time.Time
 	// triggers are the last-change-trigger-time annotations of pending slice changes.
@@ -146,6 +147,30 @@ func (t *Tracker) SetNode(n *v1.Node) {
 	t.notify()
 }
 
+// SetPodExternalIPs records the external IPs of pods on this node (as the
+// external package computes them from Pods). Entries of another family pair
+// or with invalid addresses are ignored.
+func (t *Tracker) SetPodExternalIPs(ips []PodExternalIP) {
+	var clean []PodExternalIP
+	for _, p := range ips {
+		if p.External.IsValid() && p.Pod.IsValid() && FamilyOf(p.External) == FamilyOf(p.Pod) {
+			clean = append(clean, p)
+		}
+	}
+	slices.SortFunc(clean, func(a, b PodExternalIP) int { return a.External.Compare(b.External) })
+	t.mu.Lock()
+	if slices.Equal(clean, t.podIPs) {
+		t.mu.Unlock()
+		return
+	}
+	t.podIPs = clean
+	if t.changed.IsZero() {
+		t.changed = time.Now()
+	}
+	t.mu.Unlock()
+	t.notify()
+}
+
 // Node returns this node's object, nil until seen.
 func (t *Tracker) Node() *v1.Node {
 	t.mu.Lock()
@@ -168,7 +193,7 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	snap := &Snapshot{
-		Node:     Node{Name: t.cfg.NodeName, NodePortAddrs: t.nodeAddrs},
+		Node:     Node{Name: t.cfg.NodeName, NodePortAddrs: t.nodeAddrs, PodExternalIPs: t.podIPs},
 		Services: t.built,
 	}
 	type report struct {

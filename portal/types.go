@@ -169,6 +169,16 @@ type Node struct {
 	Name string
 	// NodePortAddrs are the local addresses NodePorts are served on.
 	NodePortAddrs []netip.Addr
+	// PodExternalIPs are the external IPs of pods on this node, sorted by
+	// External: 1:1 NAT in both directions, no balancing.
+	PodExternalIPs []PodExternalIP
+}
+
+// PodExternalIP maps an external IP to one pod.
+type PodExternalIP struct {
+	External netip.Addr
+	Pod      netip.Addr
+	Name     ServiceKey // the Pod's namespace and name
 }
 
 // Snapshot is the desired state handed to a dataplane. Services is owned by

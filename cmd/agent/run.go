@@ -325,6 +325,16 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}
 		runner.OnApplied(hook.Programmed)
+		if ec.PodExternalIPs {
+			runner.OnApplied(func(snap *portal.Snapshot) {
+				ips := make([]netip.Addr, 0, len(snap.Node.PodExternalIPs))
+				for _, p := range snap.Node.PodExternalIPs {
+					ips = append(ips, p.External)
+				}
+				hook.ProgrammedPodIPs(ips)
+			})
+			go followPodExternalIPs(ctx, hook, tracker, node)
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -359,4 +369,25 @@ func hasTaint(n *v1.Node, key string) bool {
 		}
 	}
 	return false
+}
+
+// followPodExternalIPs hands the tracker the external IPs of this node's
+// pods, as the hook computes them from Pods, once a second.
+func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		var mine []portal.PodExternalIP
+		for _, p := range hook.PodExternalIPs() {
+			if p.NodeName == node {
+				mine = append(mine, portal.PodExternalIP{External: p.IP, Pod: p.PodIP, Name: p.Pod})
+			}
+		}
+		tracker.SetPodExternalIPs(mine)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
