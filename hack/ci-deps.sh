@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # ci-deps.sh installs the Debian packages the tests and the demo need:
-# iproute2 (ip netns, veth, bridges), nftables (nft, for debugging output and
+# iproute2 (ip netns, veth, bridges), bird2 (the BGP peer of test/external),
+# nftables (nft, for debugging output and
 # rule dumps), conntrack (flow-table inspection), procps, util-linux (flock)
 # and kmod (modprobe). Idempotent: it does nothing, quietly, when everything is
 # present, and runs `apt-get update` at most once otherwise.
 set -euo pipefail
 
-pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod)
+pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod bird2)
 
 missing=()
 for p in "${pkgs[@]}"; do
