@@ -7,6 +7,7 @@
 #   ONEHOP-VM-DONE
 # then powers off. Kernel command-line options (set by the harness):
 #   onehop.run=<regexp>      passed as -test.run
+#   onehop.run.<name>=<re>   passed as -test.run to /tests/<name> only
 #   onehop.timeout=<dur>     passed as -test.timeout (default 400s)
 #   onehop.args=<a,b,...>    extra test flags, comma separated
 export PATH=/sbin:/usr/sbin:/bin:/usr/bin
@@ -35,8 +36,12 @@ for t in /tests/*; do
 	[ -x "$t" ] || continue
 	name=${t##*/}
 	echo "ONEHOP-VM-BEGIN $name"
-	if [ -n "$run" ]; then
-		(cd /tmp && "$t" -test.v -test.timeout="$timeout" -test.run="$run" $args) 2>&1
+	trun=$run
+	for o in $(cat /proc/cmdline); do
+		case "$o" in onehop.run."$name"=*) trun=${o#onehop.run."$name"=} ;; esac
+	done
+	if [ -n "$trun" ]; then
+		(cd /tmp && "$t" -test.v -test.timeout="$timeout" -test.run="$trun" $args) 2>&1
 	else
 		(cd /tmp && "$t" -test.v -test.timeout="$timeout" $args) 2>&1
 	fi
