@@ -211,17 +211,14 @@ func hcPort(svc *portal.Service) uint16 {
 	return 0
 }
 
-// localEndpointCount is the number of local endpoints of svc: the most any
-// of its portals has, so that a pod counts once however many ports and
-// families the Service has.
+// localEndpointCount is the number of ready local endpoints of svc: the
+// most any of its portals has, so that a pod counts once however many ports
+// and families the Service has. Terminating endpoints do not count, as in
+// kube-proxy: a node left with only those is drained.
 func localEndpointCount(svc *portal.Service) int {
 	n := 0
 	for _, p := range svc.Portals {
-		addrs := map[[16]byte]struct{}{}
-		for _, ep := range p.LocalEndpoints {
-			addrs[ep.Addr().As16()] = struct{}{}
-		}
-		n = max(n, len(addrs))
+		n = max(n, p.LocalReady)
 	}
 	return n
 }

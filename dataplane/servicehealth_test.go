@@ -34,6 +34,7 @@ func localService(name string, hc uint16, local ...string) *portal.Service {
 		for _, ip := range local {
 			p.LocalEndpoints = append(p.LocalEndpoints, netip.AddrPortFrom(netip.MustParseAddr(ip), 8080))
 		}
+		p.LocalReady = len(local)
 		svc.Portals = append(svc.Portals, p)
 	}
 	return svc

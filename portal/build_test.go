@@ -178,7 +178,7 @@ func TestBuild(t *testing.T) {
 			want: func(t *testing.T, s *Service) {
 				p := s.Portals[0]
 				if !p.ExternalLocal || !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080", "10.244.2.2:8080")) ||
-					!slices.Equal(p.LocalEndpoints, addrs("10.244.1.2:8080")) {
+					!slices.Equal(p.LocalEndpoints, addrs("10.244.1.2:8080")) || p.LocalReady != 0 {
 					t.Errorf("got %+v", p)
 				}
 			},

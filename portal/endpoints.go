@@ -39,6 +39,13 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 	p.ClusterEndpoints = cluster
 	if p.ExternalLocal || p.InternalLocal {
 		p.LocalEndpoints = local
+		readyAddrs := map[netip.Addr]bool{}
+		for _, c := range cands {
+			if c.local && c.ready {
+				readyAddrs[c.addr.Addr()] = true
+			}
+		}
+		p.LocalReady = len(readyAddrs)
 	}
 }
 

@@ -171,6 +171,13 @@ func (t *Tracker) SetPodExternalIPs(ips []PodExternalIP) {
 	t.notify()
 }
 
+// Service returns the Service object k, nil when unknown.
+func (t *Tracker) Service(k ServiceKey) *v1.Service {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.services[k]
+}
+
 // Node returns this node's object, nil until seen.
 func (t *Tracker) Node() *v1.Node {
 	t.mu.Lock()

@@ -123,6 +123,11 @@ type Portal struct {
 	// LocalEndpoints are the endpoints on this node, chosen the same way
 	// among local ones; used by Local policies.
 	LocalEndpoints []netip.AddrPort
+	// LocalReady counts the ready endpoints on this node (distinct
+	// addresses): what health-check node ports report. Terminating
+	// endpoints, which LocalEndpoints may fall back to, do not count, so
+	// that load balancers drain the node.
+	LocalReady int
 }
 
 // Equal reports whether p and q program the same dataplane state.
@@ -135,7 +140,7 @@ func (p *Portal) Equal(q *Portal) bool {
 	}
 	return p.Key == q.Key && p.Port == q.Port && p.NodePort == q.NodePort &&
 		p.ExternalLocal == q.ExternalLocal && p.InternalLocal == q.InternalLocal &&
-		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity &&
+		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady &&
 		slices.Equal(p.ClusterIPs, q.ClusterIPs) &&
 		slices.Equal(p.ExternalIPs, q.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, q.LoadBalancerIPs) &&

@@ -295,7 +295,10 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		hcOpts = append(hcOpts, dataplane.WithProxyHealth(health.ProxyHealthy))
 	}
 	svcHealth := dataplane.NewServiceHealth(log, func(k portal.ServiceKey, reason, message string) {
-		ref := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
+		ref := tracker.Service(k) // with its UID, so that kubectl describe shows the event
+		if ref == nil {
+			ref = &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
+		}
 		recorder.Event(ref, v1.EventTypeWarning, reason, message)
 	}, hcOpts...)
 	defer svcHealth.Close()
