@@ -55,7 +55,6 @@ type Hook struct {
 	liveness   *liveness
 	wake       chan struct{}
 	notifier   *webhook.Notifier
-	l2Ifaces   []string
 	identity   string
 	mu         sync.Mutex
 	programmed map[netip.Addr]programmed

@@ -2,7 +2,6 @@ package nft
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -226,5 +225,3 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	b.reset()
 	return nil
 }
-
-var errConflict = errors.New("conflict")
