@@ -12,7 +12,8 @@
 //     masquerade (NAT) forwarding, weight 1. Cluster IPs use
 //     ClusterEndpoints, or LocalEndpoints under internalTrafficPolicy Local;
 //     external entries use LocalEndpoints under externalTrafficPolicy Local.
-//     The scheduler is the backend's (WithScheduler, default rr);
+//     The scheduler is the Service's onehop.io/scheduler annotation, else the
+//     backend's (WithScheduler, default rr);
 //     sessionAffinity ClientIP is IPVS persistence with the affinity timeout.
 //   - Every cluster, external and load-balancer IP as a /32 (/128) on the
 //     dummy interface onehop-ipvs0, so the kernel delivers their packets

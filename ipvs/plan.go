@@ -328,7 +328,11 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		for _, e := range eps {
 			d[netip.AddrPortFrom(e.Addr().Unmap(), e.Port())] = 1
 		}
-		pl.Servers[k] = &virtualServer{Key: k, Sched: in.Sched, Timeout: timeout, Dests: d, Portal: p.Key, Kind: kind}
+		sched := in.Sched
+		if p.Scheduler != "" {
+			sched = p.Scheduler // onehop.io/scheduler on the Service
+		}
+		pl.Servers[k] = &virtualServer{Key: k, Sched: sched, Timeout: timeout, Dests: d, Portal: p.Key, Kind: kind}
 		pt.Servers = append(pt.Servers, k)
 		return true
 	}

@@ -163,3 +163,24 @@ func TestIncrementalPlan(t *testing.T) {
 		t.Errorf("incremental plan differs from a full one:\n--- full\n%s\n--- incremental\n%s", w, got)
 	}
 }
+
+// onehop.io/scheduler picks a Service's scheduler; others keep the default.
+func TestPlanPerServiceScheduler(t *testing.T) {
+	key := portal.ServiceKey{Namespace: "ns", Name: "maglev"}
+	other := portal.ServiceKey{Namespace: "ns", Name: "plain"}
+	mk := func(k portal.ServiceKey, ip, sched string) *portal.Service {
+		return &portal.Service{Key: k, Portals: []*portal.Portal{{
+			Key: portal.PortKey{Service: k, Protocol: portal.TCP, Family: portal.IPv4}, Port: 80,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Scheduler: sched,
+			ClusterEndpoints: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080")}}}}
+	}
+	pl := buildPlan(planInput{Sched: "rr"}, map[portal.ServiceKey]*portal.Service{
+		key: mk(key, "10.96.0.1", "mh"), other: mk(other, "10.96.0.2", "")})
+	got := map[string]string{}
+	for k, v := range pl.Servers {
+		got[k.Addr.String()] = v.Sched
+	}
+	if got["10.96.0.1"] != "mh" || got["10.96.0.2"] != "rr" {
+		t.Errorf("schedulers: %v", got)
+	}
+}

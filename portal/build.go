@@ -30,13 +30,18 @@ func (c *Config) Skip(svc *v1.Service) string {
 // Build turns a Service and its EndpointSlices into desired portals. It
 // never fails: bad values are left out and reported as Problems. It returns
 // nil when the Service is not served (headless, ExternalName, another proxy's).
-func (c *Config) Build(svc *v1.Service, slices []*discovery.EndpointSlice) (*Service, []Problem) {
+func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Service, []Problem) {
 	if c.Skip(svc) != "" {
 		return nil, nil
 	}
 	key := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 	b := builder{cfg: c, svc: svc, key: key}
 	out := &Service{Key: key}
+	sched := svc.Annotations[AnnotationScheduler]
+	if sched != "" && !slices.Contains(ipvsSchedulers, sched) {
+		b.problem(ReasonInvalidScheduler, "annotation %s: unknown IPVS scheduler %q (want one of %v); using the default", AnnotationScheduler, sched, ipvsSchedulers)
+		sched = ""
+	}
 	vips := b.clusterIPs()
 	ext := b.externalIPs()
 	lbs := b.ingressIPs()
@@ -75,6 +80,7 @@ func (c *Config) Build(svc *v1.Service, slices []*discovery.EndpointSlice) (*Ser
 				LoadBalancerIPs: lbs[f],
 				ExternalLocal:   svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal && (nodePort != 0 || len(ext[f]) > 0 || len(lbs[f]) > 0),
 				InternalLocal:   svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+				Scheduler:       sched,
 			}
 			if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 				p.SourceRanges = b.sourceRanges(f)
@@ -88,7 +94,7 @@ func (c *Config) Build(svc *v1.Service, slices []*discovery.EndpointSlice) (*Ser
 					p.Affinity.TimeoutSeconds = uint32(*cfg.ClientIP.TimeoutSeconds)
 				}
 			}
-			b.endpoints(p, sp, slices)
+			b.endpoints(p, sp, eslices)
 			out.Portals = append(out.Portals, p)
 		}
 	}

@@ -206,6 +206,20 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
+			name:     "an unknown IPVS scheduler is refused; a known one is kept",
+			svc:      svc(func(s *v1.Service) { s.Annotations = map[string]string{AnnotationScheduler: "fastest"} }),
+			problems: []string{ReasonInvalidScheduler},
+			want: func(t *testing.T, s *Service) {
+				if s.Portals[0].Scheduler != "" {
+					t.Errorf("got %q", s.Portals[0].Scheduler)
+				}
+				ok, _ := cfg.Build(svc(func(s *v1.Service) { s.Annotations = map[string]string{AnnotationScheduler: "mh"} }), nil)
+				if ok.Portals[0].Scheduler != "mh" {
+					t.Errorf("mh: got %q", ok.Portals[0].Scheduler)
+				}
+			},
+		},
+		{
 			name: "session affinity defaults to 10800 s",
 			svc:  svc(func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			want: func(t *testing.T, s *Service) {

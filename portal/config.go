@@ -26,7 +26,11 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 	LabelHeadless         = "service.kubernetes.io/headless"
 	LabelServiceName      = "kubernetes.io/service-name"
+	AnnotationScheduler   = "onehop.io/scheduler"
 )
+
+// ipvsSchedulers are the scheduler names IPVS knows.
+var ipvsSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos"}
 
 func inAny(ps []netip.Prefix, a netip.Addr) bool {
 	for _, p := range ps {

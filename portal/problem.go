@@ -21,4 +21,5 @@ const (
 	ReasonExternalIPRefused = "ExternalIPNotAllowed"
 	ReasonInvalidIngressIP  = "InvalidLoadBalancerIP"
 	ReasonPortConflict      = "PortConflict"
+	ReasonInvalidScheduler  = "InvalidScheduler"
 )

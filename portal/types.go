@@ -115,6 +115,9 @@ type Portal struct {
 	InternalLocal       bool
 	HealthCheckNodePort uint16
 	Affinity            Affinity
+	// Scheduler is the IPVS scheduler asked for with the onehop.io/scheduler
+	// annotation ("" for the agent's default); the nft backend ignores it.
+	Scheduler string
 
 	// ClusterEndpoints serve traffic under the Cluster policy: ready
 	// endpoints, or serving terminating ones when none is ready, after
@@ -140,7 +143,7 @@ func (p *Portal) Equal(q *Portal) bool {
 	}
 	return p.Key == q.Key && p.Port == q.Port && p.NodePort == q.NodePort &&
 		p.ExternalLocal == q.ExternalLocal && p.InternalLocal == q.InternalLocal &&
-		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady &&
+		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady && p.Scheduler == q.Scheduler &&
 		slices.Equal(p.ClusterIPs, q.ClusterIPs) &&
 		slices.Equal(p.ExternalIPs, q.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, q.LoadBalancerIPs) &&
