@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 
 	"github.com/onehop/onehop/dataplane"
@@ -72,6 +73,12 @@ func benchFullSync(b *testing.B, n int) {
 		}
 	}
 	b.ReportMetric(float64(st.Messages), "msgs/sync")
+	// What the backend keeps (plus the snapshot it was given) once synced.
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapAlloc)/(1<<20), "heap-MiB")
+	runtime.KeepAlive(snap)
 }
 
 func BenchmarkFullSync1k(b *testing.B)  { benchFullSync(b, 1000) }
