@@ -42,22 +42,24 @@ type Hook struct {
 	node   string
 	log    *slog.Logger
 
-	factory    informers.SharedInformerFactory
-	leaseInf   informers.SharedInformerFactory
-	services   cache.SharedIndexInformer
-	slices     cache.SharedIndexInformer
-	nodes      cache.SharedIndexInformer
-	pods       cache.SharedIndexInformer
-	broadcast  record.EventBroadcaster
-	rec        record.EventRecorder
-	providers  []Provider
-	extra      []Provider
-	liveness   *liveness
-	wake       chan struct{}
-	notifier   *webhook.Notifier
-	identity   string
-	mu         sync.Mutex
-	programmed map[netip.Addr]programmed
+	factory  informers.SharedInformerFactory
+	leaseInf informers.SharedInformerFactory
+	services cache.SharedIndexInformer
+	slices   cache.SharedIndexInformer
+	nodes    cache.SharedIndexInformer
+	pods     cache.SharedIndexInformer
+	// podsChanged is signalled on every Pod event (PodsChanged).
+	podsChanged chan struct{}
+	broadcast   record.EventBroadcaster
+	rec         record.EventRecorder
+	providers   []Provider
+	extra       []Provider
+	liveness    *liveness
+	wake        chan struct{}
+	notifier    *webhook.Notifier
+	identity    string
+	mu          sync.Mutex
+	programmed  map[netip.Addr]programmed
 	// podProgrammed are the pod external IPs the dataplane maps.
 	podProgrammed map[netip.Addr]bool
 	leader        bool
@@ -89,6 +91,13 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 	h.nodes = h.factory.Core().V1().Nodes().Informer()
 	if p.PodExternalIPs {
 		h.pods = h.factory.Core().V1().Pods().Informer()
+		h.podsChanged = make(chan struct{}, 1)
+		// Registered now, before anyone can call Run, so that no change is missed.
+		_, _ = h.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { h.podsPoke() },
+			UpdateFunc: func(any, any) { h.podsPoke() },
+			DeleteFunc: func(any) { h.podsPoke() },
+		})
 	}
 	h.broadcast = record.NewBroadcaster()
 	h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: nodeName})
@@ -162,6 +171,17 @@ func (h *Hook) PodExternalIPs() []PodExternalIP {
 	}
 	out, _ := PodExternalIPs(pods, h.cfg.podIPAllowed)
 	return out
+}
+
+// PodsChanged is signalled when a Pod changed, so that the dataplane can
+// read PodExternalIPs again (nil unless podExternalIPs is on).
+func (h *Hook) PodsChanged() <-chan struct{} { return h.podsChanged }
+
+func (h *Hook) podsPoke() {
+	select {
+	case h.podsChanged <- struct{}{}:
+	default:
+	}
 }
 
 func (h *Hook) poke() {

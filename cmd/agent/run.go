@@ -375,9 +375,10 @@ func hasTaint(n *v1.Node, key string) bool {
 }
 
 // followPodExternalIPs hands the tracker the external IPs of this node's
-// pods, as the hook computes them from Pods, once a second.
+// pods, as the hook computes them from Pods, whenever a Pod changes (and
+// every 30 s, in case a change was coalesced away).
 func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
 	for {
 		var mine []portal.PodExternalIP
@@ -391,6 +392,7 @@ func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *por
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-hook.PodsChanged():
 		}
 	}
 }
