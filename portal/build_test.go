@@ -293,3 +293,46 @@ func TestNodePortAddrs(t *testing.T) {
 		t.Errorf("cidrs: got %v", got)
 	}
 }
+
+type recordReporter struct{ got []Problem }
+
+func (r *recordReporter) Report(_ *v1.Service, ps []Problem) { r.got = append(r.got, ps...) }
+
+// Two Services claiming one address and port: the first keeps it, the
+// other is refused with an event and gets it when the first lets go.
+func TestTrackerConflictingClaims(t *testing.T) {
+	rep := &recordReporter{}
+	tr := NewTracker(Config{NodeName: "n1", ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, rep, nil)
+	a := svc(func(s *v1.Service) {
+		s.Name = "a"
+		s.CreationTimestamp = metav1.Unix(100, 0)
+		s.Spec.ExternalIPs = []string{"203.0.113.5"}
+	})
+	b := svc(func(s *v1.Service) {
+		s.Name = "b"
+		s.CreationTimestamp = metav1.Unix(200, 0)
+		s.Spec.ClusterIPs = []string{"10.96.0.11"}
+		s.Spec.ExternalIPs = []string{"203.0.113.5"}
+	})
+	tr.SetService(b)
+	tr.SetService(a)
+	snap, _ := tr.Snapshot()
+	ka, kb := ServiceKey{"ns", "a"}, ServiceKey{"ns", "b"}
+	if got := snap.Services[ka].Portals[0].ExternalIPs; len(got) != 1 {
+		t.Errorf("the older Service must keep 203.0.113.5:80, got %v", got)
+	}
+	if got := snap.Services[kb].Portals[0].ExternalIPs; len(got) != 0 {
+		t.Errorf("the newer Service must lose it, got %v", got)
+	}
+	if len(rep.got) != 1 || rep.got[0].Reason != ReasonPortConflict || rep.got[0].Service != kb {
+		t.Errorf("want one PortConflict on b, got %v", rep.got)
+	}
+	tr.DeleteService("ns", "a")
+	snap, _ = tr.Snapshot()
+	if got := snap.Services[kb].Portals[0].ExternalIPs; len(got) != 1 {
+		t.Errorf("after a is gone, b must get 203.0.113.5:80, got %v", got)
+	}
+	if !slices.Contains(snap.Dirty, kb) {
+		t.Errorf("b must be dirty, got %v", snap.Dirty)
+	}
+}

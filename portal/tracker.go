@@ -3,6 +3,7 @@ package portal
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,7 @@ type Tracker struct {
 	node     *v1.Node
 
 	built     map[ServiceKey]*Service
+	claims    *claims
 	dirty     map[ServiceKey]struct{}
 	nodeAddrs []netip.Addr
 	podIPs    []PodExternalIP
@@ -50,6 +52,7 @@ func NewTracker(cfg Config, reporter Reporter, notify func()) *Tracker {
 		services: map[ServiceKey]*v1.Service{},
 		slices:   map[ServiceKey]map[string]*discovery.EndpointSlice{},
 		built:    map[ServiceKey]*Service{},
+		claims:   newClaims(),
 		dirty:    map[ServiceKey]struct{}{},
 	}
 }
@@ -208,12 +211,35 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 		problems []Problem
 	}
 	var reports []report
+	// Oldest first, so that the first claimant of an address keeps it
+	// deterministically within one snapshot.
+	work := make([]ServiceKey, 0, len(t.dirty))
 	for k := range t.dirty {
+		work = append(work, k)
+	}
+	t.sortByAge(work)
+	done := map[ServiceKey]bool{}
+	for len(work) > 0 {
+		k := work[0]
+		work = work[1:]
+		if done[k] {
+			continue
+		}
+		done[k] = true
+		// Services that lost a claim to k get their chance again.
+		for _, again := range t.claims.release(k) {
+			if !done[again] {
+				work = append(work, again)
+			}
+		}
 		svc := t.services[k]
 		var built *Service
 		if svc != nil {
 			var problems []Problem
 			built, problems = t.cfg.Build(svc, sliceList(t.slices[k]))
+			if built != nil {
+				problems = append(problems, t.claims.take(built)...)
+			}
 			if len(problems) > 0 {
 				reports = append(reports, report{svc, dedupe(problems)})
 			}
@@ -241,6 +267,22 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 		}
 	}
 	return snap, triggers
+}
+
+// sortByAge orders Services by creation time, then name.
+func (t *Tracker) sortByAge(keys []ServiceKey) {
+	slices.SortFunc(keys, func(a, b ServiceKey) int {
+		sa, sb := t.services[a], t.services[b]
+		if sa != nil && sb != nil {
+			if c := sa.CreationTimestamp.Compare(sb.CreationTimestamp.Time); c != 0 {
+				return c
+			}
+		}
+		if a.Namespace != b.Namespace {
+			return strings.Compare(a.Namespace, b.Namespace)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 }
 
 func sliceList(m map[string]*discovery.EndpointSlice) []*discovery.EndpointSlice {
