@@ -27,6 +27,7 @@ var (
 )
 
 func TestClusterIPReachesAllEndpoints(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -45,6 +46,7 @@ func TestClusterIPReachesAllEndpoints(t *testing.T) {
 }
 
 func TestExternalWaysIn(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -78,6 +80,7 @@ func TestExternalWaysIn(t *testing.T) {
 }
 
 func TestNoEndpointsRejects(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 1)
 	empty := service("empty", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -114,6 +117,7 @@ func TestNoEndpointsRejects(t *testing.T) {
 var clientIP0 = clientIP
 
 func TestHairpin(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -132,6 +136,7 @@ func TestHairpin(t *testing.T) {
 }
 
 func TestIncrementalUpdateTouchesOnlyChangedService(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	a := service("a", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
@@ -203,6 +208,7 @@ func portPackets(t *testing.T, tp *topo, svc string) uint64 {
 }
 
 func TestOutsideChangesAreDetectedAndRepaired(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -261,6 +267,7 @@ func TestOutsideChangesAreDetectedAndRepaired(t *testing.T) {
 }
 
 func TestGoldenRuleset(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 0)
 	key := func(n string) portal.ServiceKey { return portal.ServiceKey{Namespace: "demo", Name: n} }
 	one := &portal.Service{Key: key("web"), Portals: []*portal.Portal{
@@ -314,6 +321,7 @@ func golden(t *testing.T, name, got string) {
 // A transaction the kernel rejects leaves the kernel as it was, and the
 // next (full) sync repairs everything.
 func TestRejectedTransactionIsAtomicAndRepaired(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	a := service("a", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
@@ -365,6 +373,7 @@ func TestRejectedTransactionIsAtomicAndRepaired(t *testing.T) {
 
 // Whoever debugs with the nft tool must be able to list the table.
 func TestNftToolListsTheTable(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("the nft tool (Debian package nftables) is not installed")
 	}

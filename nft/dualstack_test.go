@@ -10,6 +10,7 @@ import (
 
 // A dual-stack Service: one portal per family, in one inet table.
 func TestDualStack(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	key := portal.ServiceKey{Namespace: "default", Name: "ds"}
 	v6VIP := netip.MustParseAddr("fd00:96::10")

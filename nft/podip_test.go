@@ -11,6 +11,7 @@ import (
 // A pod's own external IP: inbound on any port reaches the pod with the
 // client's address; the pod's own connections leave from the external IP.
 func TestPodExternalIP(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	tp.client.Echo(t, "client", ":9090")
 	ext := netip.MustParseAddr("203.0.113.50")

@@ -14,6 +14,7 @@ import (
 // lack SCTP; the IPVS VM's kernel has it, and test/vm runs this package's
 // tests there too.
 func TestSCTPNextToTCPAndUDP(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	for i, p := range tp.pods {
 		if err := p.EchoSCTP(t, "pod"+string(rune('0'+i)), 8080); err != nil {

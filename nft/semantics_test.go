@@ -35,6 +35,7 @@ func mustRefuse(t *testing.T, from *nsutil.NS, network, addr string) {
 }
 
 func TestSessionAffinity(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	mk := func(timeout uint32) *portal.Service {
 		return service("web", func(p *portal.Portal) {
@@ -84,6 +85,7 @@ func TestSessionAffinity(t *testing.T) {
 }
 
 func TestExternalTrafficPolicyLocal(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	local := func(localIdx ...int) *portal.Service {
 		return service("web", func(p *portal.Portal) {
@@ -121,6 +123,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 }
 
 func TestInternalTrafficPolicyLocal(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	mk := func(localIdx ...int) *portal.Service {
 		return service("web", func(p *portal.Portal) {
@@ -144,6 +147,7 @@ func TestInternalTrafficPolicyLocal(t *testing.T) {
 }
 
 func TestLoadBalancerSourceRanges(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -162,6 +166,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 }
 
 func TestServiceCIDRChecks(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 2)
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
@@ -174,6 +179,7 @@ func TestServiceCIDRChecks(t *testing.T) {
 }
 
 func TestEndpointReplacementTouchesNoRule(t *testing.T) {
+	t.Parallel()
 	tp := newTopo(t, 3)
 	mk := func(idx ...int) *portal.Service {
 		return service("web", func(p *portal.Portal) {
