@@ -44,7 +44,7 @@ func speakerMain(cfgJSON, nexthop string) int {
 		fmt.Println("err", err)
 		return 2
 	}
-	sp, err := bgp.NewSpeaker(cfg, []netip.Addr{netip.MustParseAddr(nexthop)}, log)
+	sp, err := bgp.NewSpeaker(cfg, parseIPs(nexthop), log)
 	if err == nil {
 		err = sp.Start(context.Background())
 	}
@@ -121,6 +121,8 @@ type speaker struct {
 	stderr *strings.Builder
 }
 
+// startSpeaker starts a speaker in namespace n; nexthop is one node
+// address per family, comma-separated.
 func (tp *topo) startSpeaker(n, nexthop string, cfg bgp.Config) *speaker {
 	tp.t.Helper()
 	b, _ := json.Marshal(cfg)
