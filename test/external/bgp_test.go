@@ -120,9 +120,6 @@ protocol bgp node2 from nodes { neighbor 10.0.0.12 as 64513; }
 
 var viaRE = regexp.MustCompile(`via (?:inet6 )?([0-9a-f.:]+)`)
 
-// nextHops are the router's kernel next hops for the VIP, sorted.
-func (lab *bgpLab) nextHops() []string { return lab.nextHopsFor(vip) }
-
 // nextHopsFor are the router's kernel next hops for the host route to ip
 // (/32 or /128), sorted.
 func (lab *bgpLab) nextHopsFor(ip string) []string {
