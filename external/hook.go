@@ -233,6 +233,9 @@ func (h *Hook) Run(ctx context.Context) error {
 	if h.liveness != nil {
 		h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace))
 		li := h.leaseInf.Coordination().V1().Leases().Informer()
+		h.liveness.mu.Lock()
+		h.liveness.synced = li.HasSynced
+		h.liveness.mu.Unlock()
 		li.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },
 			UpdateFunc: func(_, o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },

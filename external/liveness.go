@@ -34,6 +34,11 @@ type liveness struct {
 	log       *slog.Logger
 	changed   func()
 
+	// synced reports whether the Lease informer has listed every Lease;
+	// until then this node does not count itself alive, so that it never
+	// claims an IP another node owns just because it has not seen it yet.
+	synced func() bool
+
 	mu       sync.Mutex
 	seen     map[string]observed
 	ownRenew time.Time
@@ -96,7 +101,7 @@ func (l *liveness) alive(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if node == l.node {
-		return time.Since(l.ownRenew) < l.duration
+		return (l.synced == nil || l.synced()) && time.Since(l.ownRenew) < l.duration
 	}
 	o, ok := l.seen[node]
 	return ok && time.Since(o.at) < l.duration

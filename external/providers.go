@@ -29,30 +29,44 @@ func (p *bgpProvider) Update(_ context.Context, s *State) error {
 func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
 
 // l2Provider answers for the IPs this node owns: l2.Owner over the eligible
-// nodes whose agents are alive.
-type l2Provider struct{ r *l2.Responder }
+// nodes whose agents are alive. When the live nodes of an IP change and
+// this node stays its owner, it announces the IP again: a node that starts
+// before it has seen the others' Leases may briefly claim an IP and
+// announce it, and only the owner's announcement puts clients right.
+type l2Provider struct {
+	r    *l2.Responder
+	live map[netip.Addr]string // the live candidates of each owned IP, last seen
+}
 
 func (p *l2Provider) Name() string { return "l2" }
 
 func (p *l2Provider) Update(_ context.Context, s *State) error {
-	var own []netip.Addr
+	var own, again []netip.Addr
+	live := map[netip.Addr]string{}
 	for _, ip := range s.IPs() {
-		if l2Owner(s, ip) == s.Node && s.Serves(ip) {
+		owner, candidates := l2Owner(s, ip)
+		if owner == s.Node && s.Serves(ip) {
 			own = append(own, ip)
+			live[ip] = strings.Join(candidates, ",")
+			if prev, ok := p.live[ip]; ok && prev != live[ip] {
+				again = append(again, ip)
+			}
 		}
 	}
 	p.r.Set(own)
+	p.r.Reannounce(again)
+	p.live = live
 	return nil
 }
 
-func l2Owner(s *State, ip netip.Addr) string {
+func l2Owner(s *State, ip netip.Addr) (string, []string) {
 	var live []string
 	for _, n := range s.Eligible(ip) {
 		if s.Alive(n) {
 			live = append(live, n)
 		}
 	}
-	return l2.Owner(ip, live)
+	return l2.Owner(ip, live), live
 }
 
 func (p *l2Provider) Close(context.Context) error { p.r.Close(); return nil }

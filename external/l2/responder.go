@@ -119,6 +119,25 @@ func (r *Responder) Set(ips []netip.Addr) {
 	}
 }
 
+// Reannounce announces owned IPs gratuitously again, now and once more a
+// second later (a peer's stale announcement may still be in flight). IPs
+// not owned by then are skipped.
+func (r *Responder) Reannounce(ips []netip.Addr) {
+	send := func() {
+		for _, ip := range ips {
+			if r.owns(ip.Unmap()) {
+				r.log.Info("l2 re-announce", "ip", ip)
+				r.announce(ip.Unmap())
+			}
+		}
+	}
+	if len(ips) == 0 {
+		return
+	}
+	send()
+	time.AfterFunc(time.Second, send)
+}
+
 // Owned returns the IPs answered for, sorted.
 func (r *Responder) Owned() []netip.Addr {
 	r.mu.Lock()
