@@ -13,15 +13,13 @@ import (
 // chainBody is the content of one per-portal chain, in a form that can be
 // compared with what was applied before. Its rules, in order:
 // sourceRanges (goto gotoChain when the source is in one, else drop);
-// shortCircuit (traffic from pods and the node goes there instead);
-// gotoChain alone (mark, then continue there); DNAT to one of endpoints,
-// with ClientIP affinity when affinity > 0; drop when dropIfEmpty and
-// there are no endpoints.
+// shortCircuit (traffic from pods and the node goes there instead); DNAT
+// to one of endpoints, with ClientIP affinity when affinity > 0; drop when
+// dropIfEmpty and there are no endpoints.
 type chainBody struct {
 	family       portal.Family
 	sourceRanges []netip.Prefix
 	shortCircuit string
-	mark         bool
 	gotoChain    string
 	endpoints    []netip.AddrPort
 	affinity     uint32 // seconds
@@ -35,7 +33,7 @@ func (b chainBody) equal(o chainBody) bool {
 // sameRules: everything but the endpoints' values is the same.
 func (b chainBody) sameRules(o chainBody) bool {
 	return b.family == o.family && slices.Equal(b.sourceRanges, o.sourceRanges) && b.shortCircuit == o.shortCircuit &&
-		b.mark == o.mark && b.gotoChain == o.gotoChain && b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
+		b.gotoChain == o.gotoChain && b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
 		len(b.endpoints) == len(o.endpoints)
 }
 

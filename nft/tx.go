@@ -355,14 +355,6 @@ func (t *tx) chainRules(name string, body chainBody) {
 		}
 		add(cat(matchLocalSource(), setMarkBits(markBits), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
 	}
-	if body.gotoChain != "" {
-		var mark []expr.Any
-		if body.mark {
-			mark = setMarkBits(markBits)
-		}
-		add(cat(mark, []expr.Any{counter(), verdict(expr.VerdictGoto, body.gotoChain)}))
-		return
-	}
 	switch n := len(body.endpoints); {
 	case n == 0:
 		if body.dropIfEmpty {
