@@ -120,7 +120,11 @@ type EventReporter struct {
 // Report implements Reporter.
 func (r *EventReporter) Report(svc *v1.Service, problems []Problem) {
 	for _, p := range problems {
-		r.Log.Warn("refused part of a Service", "service", p.Service.String(), "reason", p.Reason, "message", p.Message)
+		if p.Panic != nil {
+			r.Log.Error("recovered a panic; the Service is left out", "service", p.Service.String(), "err", p.Panic.Error(), "stack", string(p.Panic.Stack))
+		} else {
+			r.Log.Warn("refused part of a Service", "service", p.Service.String(), "reason", p.Reason, "message", p.Message)
+		}
 		if r.Recorder != nil {
 			r.Recorder.Event(svc, v1.EventTypeWarning, p.Reason, p.Message)
 		}

@@ -9,6 +9,9 @@ type Problem struct {
 	Service ServiceKey
 	Reason  string // CamelCase, as Kubernetes event reasons
 	Message string
+	// Panic is set when the Problem is a panic onehop recovered from
+	// (Reason ReasonPanic): its stack is for the log, not the event.
+	Panic *PanicError
 }
 
 func (p Problem) String() string { return fmt.Sprintf("%s: %s: %s", p.Service, p.Reason, p.Message) }
@@ -22,4 +25,7 @@ const (
 	ReasonInvalidIngressIP  = "InvalidLoadBalancerIP"
 	ReasonPortConflict      = "PortConflict"
 	ReasonInvalidScheduler  = "InvalidScheduler"
+	// ReasonPanic: building or programming the Service panicked; it is
+	// left out until it changes. A bug in onehop, not in the Service.
+	ReasonPanic = "InternalError"
 )

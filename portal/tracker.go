@@ -236,10 +236,9 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 		var built *Service
 		if svc != nil {
 			var problems []Problem
-			built, problems = t.cfg.Build(svc, sliceList(t.slices[k]))
-			if built != nil {
-				problems = append(problems, t.claims.take(built)...)
-			}
+			var again []ServiceKey
+			built, problems, again = t.build(k, svc)
+			work = append(work, again...)
 			if len(problems) > 0 {
 				reports = append(reports, report{svc, dedupe(problems)})
 			}
