@@ -39,6 +39,9 @@ type SyncStats struct {
 	Rules    int // rules in the ruleset after the sync
 	Elements int // map/set elements after the sync
 	Duration time.Duration
+	// Panics are the Services left out of this sync because rendering them
+	// panicked (see ServicePanic).
+	Panics []ServicePanic
 }
 
 // Config is the node-level configuration every backend is built with.

@@ -45,6 +45,7 @@ type Metrics struct {
 	syncFailures   *prometheus.CounterVec
 	changedPortals prometheus.Counter
 	messages       prometheus.Counter
+	servicePanics  *prometheus.CounterVec
 }
 
 // syncBuckets are kube-proxy's sync-duration buckets: 1ms doubling to ~16s.
@@ -141,12 +142,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "onehop_sync_messages_total",
 			Help: "Netlink messages (or commands) sent by successful syncs.",
 		}),
+		servicePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_service_panics_total",
+			Help: "Panics recovered while building one Service's portals (stage build) or rendering " +
+				"them in the dataplane (stage render); each left that Service out and gave it an event.",
+		}, []string{"stage"}),
 	}
 	// Series that exist from the start, so that rate() and absent() work
 	// before the first event.
 	for _, mode := range []string{"full", "partial"} {
 		m.syncs.WithLabelValues(mode)
 		m.syncFailures.WithLabelValues(mode)
+	}
+	for _, stage := range []string{PanicStageBuild, PanicStageRender} {
+		m.servicePanics.WithLabelValues(stage)
 	}
 	for _, code := range []string{"200", "503"} {
 		m.healthz.WithLabelValues(code)
@@ -155,7 +164,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
-		m.rules, m.elements, m.syncs, m.syncFailures, m.changedPortals, m.messages,
+		m.rules, m.elements, m.syncs, m.syncFailures, m.changedPortals, m.messages, m.servicePanics,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -176,6 +185,7 @@ func (m *Metrics) ObserveSync(s SyncStats, err error) {
 		byMode = m.syncFullDuration
 	}
 	m.syncs.WithLabelValues(mode).Inc()
+	m.ServicePanics(PanicStageRender, len(s.Panics))
 	if s.Duration > 0 {
 		m.syncDuration.Observe(s.Duration.Seconds())
 		byMode.Observe(s.Duration.Seconds())
@@ -189,6 +199,21 @@ func (m *Metrics) ObserveSync(s SyncStats, err error) {
 	m.elements.Set(float64(s.Elements))
 	m.changedPortals.Add(float64(s.Changed))
 	m.messages.Add(float64(s.Messages))
+}
+
+// The stages of onehop_service_panics_total.
+const (
+	PanicStageBuild  = "build"  // portal: Kubernetes objects to portals
+	PanicStageRender = "render" // a backend: portals to kernel objects
+)
+
+// ServicePanics counts n panics recovered at stage (PanicStageBuild or
+// PanicStageRender). Those of a backend's Sync are counted by ObserveSync.
+func (m *Metrics) ServicePanics(stage string, n int) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.servicePanics.WithLabelValues(stage).Add(float64(n))
 }
 
 // ObserveProgramming records the time from an endpoint change (the

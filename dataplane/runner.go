@@ -60,6 +60,7 @@ type Runner struct {
 
 	mu        sync.Mutex
 	onApplied []func(*portal.Snapshot)
+	onPanic   []func(ServicePanic)
 }
 
 // NewRunner returns a Runner; health and metrics may be nil.
@@ -85,6 +86,15 @@ func (r *Runner) Trigger() {
 func (r *Runner) OnApplied(fn func(*portal.Snapshot)) {
 	r.mu.Lock()
 	r.onApplied = append(r.onApplied, fn)
+	r.mu.Unlock()
+}
+
+// OnServicePanic registers fn to be called, on the sync goroutine, for each
+// Service a sync left out because rendering it panicked (the runner logs
+// it with its stack and counts it; fn typically records an event).
+func (r *Runner) OnServicePanic(fn func(ServicePanic)) {
+	r.mu.Lock()
+	r.onPanic = append(r.onPanic, fn)
 	r.mu.Unlock()
 }
 
@@ -149,6 +159,7 @@ func (r *Runner) SyncOnce(ctx context.Context, full bool) error {
 	snap, triggers := r.src.Snapshot()
 	stats, err := r.dp.Sync(ctx, snap, full)
 	r.metrics.ObserveSync(stats, err)
+	r.reportPanics(ctx, stats.Panics)
 	if err != nil {
 		return err
 	}
@@ -182,5 +193,21 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+func (r *Runner) reportPanics(ctx context.Context, panics []ServicePanic) {
+	if len(panics) == 0 {
+		return
+	}
+	r.mu.Lock()
+	fns := r.onPanic
+	r.mu.Unlock()
+	for _, p := range panics {
+		r.log.ErrorContext(ctx, "recovered a panic while rendering a Service; it is left out of the dataplane",
+			"backend", r.dp.Name(), "service", p.Service.String(), "err", p.Err.Error(), "stack", string(p.Err.Stack))
+		for _, fn := range fns {
+			fn(p)
+		}
 	}
 }
