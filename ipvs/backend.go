@@ -167,7 +167,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	}
 	if !full && !b.v6 {
 		for _, k := range snap.Dirty {
-			if s := snap.Services[k]; s != nil && slices.ContainsFunc(s.Portals, func(p *portal.Portal) bool { return p.Key.Family == portal.IPv6 }) {
+			if s := snap.Services[k]; s != nil && slices.ContainsFunc(s.Portals, func(p *portal.Portal) bool { return p != nil && p.Key.Family == portal.IPv6 }) {
 				full, st.Full, st.Services = true, true, len(snap.Services) // sets up the IPv6 chains
 			}
 		}
@@ -188,7 +188,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		for _, k := range dirty {
 			t.addPart(whole.Parts[k])
 			if s := snap.Services[k]; s != nil {
-				scratch.addService(in, s)
+				scratch.addService(in, k, s)
 			}
 		}
 		for _, pt := range scratch.Parts {
@@ -200,6 +200,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		want = whole.subset(t)
 		stateChanged = before != labels(whole, t, dirty, scratch)
 	}
+	st.Panics = whole.Panics // left out; the runner reports them
 	for _, c := range whole.Conflicts {
 		b.log.Warn("ipvs: entry not programmed", "conflict", c)
 	}

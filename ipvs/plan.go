@@ -94,6 +94,9 @@ type plan struct {
 	Local map[string][]string
 	// Conflicts are entries another Service's portal already claimed.
 	Conflicts []string
+	// Panics are the Services left out because planning them panicked
+	// (by the last buildPlan or replace).
+	Panics []dataplane.ServicePanic
 
 	// Parts record what each Service contributed, and the refs count
 	// contributions to what Services can share (a VIP, a hairpin rule),
@@ -148,23 +151,33 @@ func (pl *plan) expandDirty(dirty []portal.ServiceKey) []portal.ServiceKey {
 // replace swaps the parts of the (expanded) dirty Services for their
 // current version in services (absent: deleted).
 func (pl *plan) replace(in planInput, dirty []portal.ServiceKey, services map[portal.ServiceKey]*portal.Service) {
-	pl.Conflicts = nil
+	pl.Conflicts, pl.Panics = nil, nil
 	for _, k := range dirty {
 		pl.removeService(k)
 	}
 	for _, k := range dirty {
 		if s := services[k]; s != nil {
-			pl.addService(in, s)
+			pl.addService(in, k, s)
 		}
 	}
 }
 
-// addService adds s's portals, recording its part.
-func (pl *plan) addService(in planInput, s *portal.Service) {
+// addService adds the portals of s (Service k), recording its part. A
+// panic while doing so is confined to k: what k added so far is taken out
+// again, the panic is recorded in pl.Panics, and the plan holds every other
+// Service as if k did not exist.
+func (pl *plan) addService(in planInput, k portal.ServiceKey, s *portal.Service) {
 	pt := &part{}
-	pl.Parts[s.Key] = pt
-	for _, p := range s.Portals {
-		pl.addPortal(in, p, pt)
+	pl.Parts[k] = pt
+	conflicts := len(pl.Conflicts)
+	if p := dataplane.CatchServicePanic("ipvs", k, func() {
+		for _, p := range s.Portals {
+			pl.addPortal(in, p, pt)
+		}
+	}); p != nil {
+		pl.removeService(k)
+		pl.Conflicts = pl.Conflicts[:conflicts]
+		pl.Panics = append(pl.Panics, *p)
 	}
 }
 
@@ -286,7 +299,7 @@ func buildPlan(in planInput, services map[portal.ServiceKey]*portal.Service) *pl
 	}
 	slices.SortFunc(keys, func(a, b portal.ServiceKey) int { return strings.Compare(a.String(), b.String()) })
 	for _, k := range keys {
-		pl.addService(in, services[k])
+		pl.addService(in, k, services[k])
 	}
 	return pl
 }
