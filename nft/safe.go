@@ -1,0 +1,47 @@
+package nft
+
+import (
+	"fmt"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+)
+
+// serviceSafely is (*tx).service for the sync loop, with a panic confined
+// to the one Service that raised it.
+//
+// Rendering is pure, so Service k's portals are first rendered on their
+// own: a panic there leaves the transaction untouched, and k is then
+// diffed as deleted (its objects leave the kernel, nothing new is added)
+// and reported in the sync's stats, while every other Service syncs. The
+// cost is a second render of each changed Service, which is small next to
+// the netlink transaction.
+//
+// A panic in the diff itself, after rendering, may leave part of k's
+// changes in the transaction, which must then not be committed: the sync
+// fails (the kernel keeps its previous state) and the panic is reported.
+func (t *tx) serviceSafely(k portal.ServiceKey, svc *portal.Service) {
+	if svc != nil && t.renders(k, svc) {
+		if p := dataplane.CatchServicePanic("nft", k, func() {
+			for _, pt := range svc.Portals {
+				render(pt, t.b.cfg)
+			}
+		}); p != nil {
+			t.stats.Panics = append(t.stats.Panics, *p)
+			svc = nil
+		}
+	}
+	if p := dataplane.CatchServicePanic("nft", k, func() { t.service(k, svc) }); p != nil {
+		t.stats.Panics = append(t.stats.Panics, *p)
+		if t.err == nil {
+			t.err = fmt.Errorf("nft: diffing Service %s: %w", k, p.Err)
+		}
+	}
+}
+
+// renders reports whether t.service will render svc: not when it equals
+// what was applied.
+func (t *tx) renders(k portal.ServiceKey, svc *portal.Service) bool {
+	old := t.oldService(k)
+	return old == nil || (old.svc != svc && !old.svc.Equal(svc))
+}
