@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // DefaultServiceCIDRs is the dual-stack service range the control plane
@@ -63,7 +63,7 @@ type ControlPlane struct {
 }
 
 // Process is a control-plane process.
-type Process = ns.Process
+type Process = nsutil.Process
 
 // Start runs etcd and kube-apiserver and returns once /readyz answers ok
 // and the default namespace exists. On error everything started is stopped.
@@ -140,7 +140,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	began := time.Now()
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	cp.etcd, err = ns.Start(opts.Netns, "etcd", filepath.Join(cp.Dir, "etcd.log"), nil,
+	cp.etcd, err = nsutil.Start(opts.Netns, "etcd", filepath.Join(cp.Dir, "etcd.log"), nil,
 		filepath.Join(opts.BinDir, "etcd"),
 		"--name=default",
 		"--data-dir="+filepath.Join(cp.Dir, "etcd-data"),
@@ -181,7 +181,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		// The "kubernetes" Service cannot point at loopback.
 		apiArgs = append(apiArgs, "--endpoint-reconciler-type=none")
 	}
-	cp.apiserver, err = ns.Start(opts.Netns, "kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), nil, apiArgs...)
+	cp.apiserver, err = nsutil.Start(opts.Netns, "kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), nil, apiArgs...)
 	if err != nil {
 		return cp, err
 	}
@@ -192,7 +192,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		TLSClientConfig: rest.TLSClientConfig{
 			CAData: p.caPEM, CertData: p.adminCertPEM, KeyData: p.adminKeyPEM,
 		},
-		Dial:    ns.Dialer(opts.Netns),
+		Dial:    nsutil.Dialer(opts.Netns),
 		QPS:     200,
 		Burst:   400,
 		Timeout: 30 * time.Second,

@@ -14,24 +14,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onehop/onehop/test/cluster"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // The control plane comes up inside a fresh namespace, serves the admin
 // kubeconfig (through kubectl too), allocates dual-stack cluster IPs from
 // the configured ranges, and Stop leaves no process and no file behind.
 func TestControlPlaneInNamespace(t *testing.T) {
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	name := ns.RunID() + "-cpt"
-	if err := ns.Create(ctx, name); err != nil {
+	name := nsutil.RunID() + "-cpt"
+	if err := nsutil.Create(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := ns.Delete(context.Background(), name); err != nil {
+		if err := nsutil.Delete(context.Background(), name); err != nil {
 			t.Errorf("delete netns: %v", err)
 		}
 	})
@@ -39,7 +39,7 @@ func TestControlPlaneInNamespace(t *testing.T) {
 	// A documentation address on loopback: the apiserver advertises it as
 	// the "kubernetes" Service's endpoint (it refuses 127.0.0.1 for that).
 	const addr = "192.0.2.2"
-	if err := ns.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
+	if err := nsutil.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -83,7 +83,7 @@ func TestControlPlaneInNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := ns.Exec(ctx, name, filepath.Join(bin, "kubectl"), "--kubeconfig", cp.Kubeconfig, "get", "--raw", "/readyz")
+	out, err := nsutil.Exec(ctx, name, filepath.Join(bin, "kubectl"), "--kubeconfig", cp.Kubeconfig, "get", "--raw", "/readyz")
 	if err != nil || strings.TrimSpace(out) != "ok" {
 		t.Fatalf("kubectl with the admin kubeconfig: %q, %v", out, err)
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/test/cluster"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 func repoRoot(t *testing.T) string {
@@ -29,18 +29,18 @@ func repoRoot(t *testing.T) string {
 // apiserver with strict field validation; a manifest with an unknown field
 // is not, so the check can fail.
 func TestManifestsServerSideDryRun(t *testing.T) {
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	name := ns.RunID() + "-dep"
-	if err := ns.Create(ctx, name); err != nil {
+	name := nsutil.RunID() + "-dep"
+	if err := nsutil.Create(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ns.Delete(context.Background(), name) })
+	t.Cleanup(func() { _ = nsutil.Delete(context.Background(), name) })
 	const addr = "192.0.2.3"
-	if err := ns.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
+	if err := nsutil.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
 		t.Fatal(err)
 	}
 	cp, err := cluster.Start(ctx, cluster.Options{Netns: name, Address: addr, Log: slog.New(slog.NewTextHandler(t.Output(), nil))})
@@ -53,7 +53,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectl := func(args ...string) (string, error) {
-		return ns.Exec(ctx, name, append([]string{filepath.Join(bin, "kubectl"), "--kubeconfig", cp.Kubeconfig}, args...)...)
+		return nsutil.Exec(ctx, name, append([]string{filepath.Join(bin, "kubectl"), "--kubeconfig", cp.Kubeconfig}, args...)...)
 	}
 	root := repoRoot(t)
 	for _, dir := range []string{"deploy", "deploy/ipvs"} {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/test/cluster"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // EnvAgent names the environment variable with a prebuilt agent binary.
@@ -65,7 +65,7 @@ func (c *Cluster) AgentArgs(n *Node) []string {
 func (c *Cluster) StartAgent(ctx context.Context, n *Node) error {
 	n.agentLogs++
 	logPath := filepath.Join(c.Dir, fmt.Sprintf("agent-%s.%d.log", n.Name, n.agentLogs))
-	p, err := ns.Start(n.Netns, "agent "+n.Name, logPath, nil, c.AgentArgs(n)...)
+	p, err := nsutil.Start(n.Netns, "agent "+n.Name, logPath, nil, c.AgentArgs(n)...)
 	if err != nil {
 		return err
 	}
@@ -87,14 +87,14 @@ func (c *Cluster) KillAgent(n *Node) {
 }
 
 // Agent returns node n's agent process (nil before StartAgent).
-func (n *Node) Agent() *ns.Process { return n.agent }
+func (n *Node) Agent() *nsutil.Process { return n.agent }
 
 func (c *Cluster) waitAgentHealthy(ctx context.Context, n *Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	client := &http.Client{
 		Timeout:   time.Second,
-		Transport: &http.Transport{DialContext: ns.Dialer(n.Netns), DisableKeepAlives: true},
+		Transport: &http.Transport{DialContext: nsutil.Dialer(n.Netns), DisableKeepAlives: true},
 	}
 	url := fmt.Sprintf("http://%s:%d/healthz", n.IP, HealthzPort)
 	var last string
@@ -122,12 +122,12 @@ func (c *Cluster) waitAgentHealthy(ctx context.Context, n *Node) error {
 
 // DumpRules runs `agent dump-rules -o format` inside node n's namespace.
 func (c *Cluster) DumpRules(ctx context.Context, n *Node, format string) (string, error) {
-	return ns.Exec(ctx, n.Netns, c.agentBin, "dump-rules", "-o", format)
+	return nsutil.Exec(ctx, n.Netns, c.agentBin, "dump-rules", "-o", format)
 }
 
 // Nft runs `nft args...` inside node n's namespace (for debugging output).
 func (c *Cluster) Nft(ctx context.Context, n *Node, args ...string) (string, error) {
-	return ns.Exec(ctx, n.Netns, append([]string{"nft"}, args...)...)
+	return nsutil.Exec(ctx, n.Netns, append([]string{"nft"}, args...)...)
 }
 
 // AgentLogTail returns the end of node n's current agent log.

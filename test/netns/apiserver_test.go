@@ -7,7 +7,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // The "kubernetes" Service, whose EndpointSlice kube-apiserver writes itself,
@@ -18,7 +18,7 @@ func testKubernetesServiceFromPod(t *testing.T, c *netns.Cluster, lat *latencies
 	from := c.Nodes[1].Pods[0]
 	cfg := c.CP.RESTConfig()
 	cfg.Host = "https://10.96.0.1:443"
-	cfg.Dial = ns.Dialer(from.Netns)
+	cfg.Dial = nsutil.Dialer(from.Netns)
 	cfg.Timeout = 2 * time.Second
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/netns/echo"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // Config shapes a cluster. The zero value is two nodes with two pods each.
@@ -72,7 +72,7 @@ type Node struct {
 	Zone     string
 	Pods     []*Pod
 
-	agent     *ns.Process
+	agent     *nsutil.Process
 	agentLogs int
 }
 
@@ -90,7 +90,7 @@ type Pod struct {
 // pods with echo servers, and one agent per node (waiting for each agent's
 // healthz). On error everything already made is torn down.
 func New(ctx context.Context, cfg Config) (c *Cluster, err error) {
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		return nil, err
 	}
 	if cfg.Nodes == 0 {
@@ -108,9 +108,9 @@ func New(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	ns.Sweep(ctx, cfg.Log)
+	nsutil.Sweep(ctx, cfg.Log)
 
-	c = &Cluster{ID: ns.RunID(), cfg: cfg, log: cfg.Log, Dir: cfg.Dir}
+	c = &Cluster{ID: nsutil.RunID(), cfg: cfg, log: cfg.Log, Dir: cfg.Dir}
 	if c.Dir == "" {
 		sweepDirs(cfg.Log)
 		if c.Dir, err = os.MkdirTemp("", dirPrefix+c.ID+"-"); err != nil {
@@ -175,7 +175,7 @@ func (c *Cluster) addNamespace(ctx context.Context, name string) error {
 	c.mu.Lock()
 	c.namespaces = append(c.namespaces, name)
 	c.mu.Unlock()
-	return ns.Create(ctx, name)
+	return nsutil.Create(ctx, name)
 }
 
 // Close stops every agent, echo server and control-plane process and deletes
@@ -204,7 +204,7 @@ func (c *Cluster) Close() {
 		c.CP.Stop()
 	}
 	for i := len(c.namespaces) - 1; i >= 0; i-- {
-		if err := ns.Delete(ctx, c.namespaces[i]); err != nil {
+		if err := nsutil.Delete(ctx, c.namespaces[i]); err != nil {
 			c.log.Warn("delete netns", "netns", c.namespaces[i], "err", err)
 		}
 	}

@@ -16,7 +16,7 @@
 // InternalIP; Services and EndpointSlices are written the way the
 // EndpointSlice controller writes them (see Services.go).
 //
-// Every namespace is named with a per-run prefix (ns.RunID) and is deleted,
+// Every namespace is named with a per-run prefix (nsutil.RunID) and is deleted,
 // with every process in it, by Close: on success, on failure, and on SIGINT
 // or SIGTERM. Namespaces of a run that was SIGKILLed are swept by the next.
 // No packet leaves the namespaces this package created.

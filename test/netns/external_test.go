@@ -9,7 +9,7 @@ import (
 
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/netns/echo"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // The external client reaches every endpoint through the NodePort of each
@@ -88,7 +88,7 @@ func testLoadBalancerLocal(t *testing.T, c *netns.Cluster, lat *latencies) {
 	if err := c.RouteExternal(ctx, route, arrival); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ns.IP(context.Background(), c.Router, "route", "del", route) })
+	t.Cleanup(func() { _ = nsutil.IP(context.Background(), c.Router, "route", "del", route) })
 	if _, err := c.SetLoadBalancerIngress(ctx, svc, ingress); err != nil {
 		t.Fatal(err)
 	}

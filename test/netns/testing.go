@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // NewForTest builds a cluster for t and tears it down in t.Cleanup. It skips
@@ -15,7 +15,7 @@ import (
 // cleanup first logs each node's agent log tail and nftables ruleset.
 func NewForTest(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		t.Skipf("skipping namespace e2e test: %v", err)
 	}
 	if cfg.Log == nil {

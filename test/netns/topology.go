@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // buildTopology creates the router, client, control-plane, node and pod
@@ -22,7 +22,7 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	if err := forwarding(c.Router); err != nil {
 		return err
 	}
-	if err := ns.IP(ctx, c.Router, "link", "add", "lan", "type", "bridge"); err != nil {
+	if err := nsutil.IP(ctx, c.Router, "link", "add", "lan", "type", "bridge"); err != nil {
 		return err
 	}
 	if err := addrsUp(ctx, c.Router, "lan", with24(routerNodeIP()), with64(routerNodeIP6())); err != nil {
@@ -99,9 +99,9 @@ func (c *Cluster) RouteExternal(ctx context.Context, prefix string, n *Node) err
 		return err
 	}
 	if p.Addr().Is6() {
-		return ns.IP(ctx, c.Router, "-6", "route", "replace", prefix, "via", n.IP6)
+		return nsutil.IP(ctx, c.Router, "-6", "route", "replace", prefix, "via", n.IP6)
 	}
-	return ns.IP(ctx, c.Router, "route", "replace", prefix, "via", n.IP)
+	return nsutil.IP(ctx, c.Router, "route", "replace", prefix, "via", n.IP)
 }
 
 func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
@@ -115,14 +115,14 @@ func (c *Cluster) buildNode(ctx context.Context, n *Node) error {
 		{"net.ipv4.conf.all.rp_filter", "0"},
 		{"net.ipv4.conf.default.rp_filter", "0"},
 	} {
-		if err := ns.Sysctl(n.Netns, kv[0], kv[1]); err != nil {
+		if err := nsutil.Sysctl(n.Netns, kv[0], kv[1]); err != nil {
 			return err
 		}
 	}
 	if err := c.plugIntoLAN(ctx, n.Netns, fmt.Sprintf("to-n%d", n.Index), nodeIP(n.Index), nodeIP6(n.Index)); err != nil {
 		return err
 	}
-	if err := ns.IP(ctx, n.Netns, "link", "add", "cbr0", "type", "bridge"); err != nil {
+	if err := nsutil.IP(ctx, n.Netns, "link", "add", "cbr0", "type", "bridge"); err != nil {
 		return err
 	}
 	if err := addrsUp(ctx, n.Netns, "cbr0", with24(podGateway(n.Index)), with64(podGateway6(n.Index))); err != nil {
@@ -181,7 +181,7 @@ func (c *Cluster) plugIntoLAN(ctx context.Context, name, routerSide string, ip, 
 
 // veth creates a veth pair with one end in each of two namespaces.
 func veth(ctx context.Context, aNS, aName, bNS, bName string) error {
-	return ns.IP(ctx, aNS, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", bNS)
+	return nsutil.IP(ctx, aNS, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", bNS)
 }
 
 // addrsUp gives dev an IPv4 and an IPv6 address (no duplicate address
@@ -204,7 +204,7 @@ func defaultRoutes(ctx context.Context, name string, gw, gw6 netip.Addr) error {
 // routes adds prefix-via-gateway routes of either family.
 func routes(ctx context.Context, name string, pairs [][2]string) error {
 	for _, p := range pairs {
-		if err := ns.IP(ctx, name, "route", "add", p[0], "via", p[1]); err != nil {
+		if err := nsutil.IP(ctx, name, "route", "add", p[0], "via", p[1]); err != nil {
 			return err
 		}
 	}
@@ -213,7 +213,7 @@ func routes(ctx context.Context, name string, pairs [][2]string) error {
 
 func forwarding(name string) error {
 	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
-		if err := ns.Sysctl(name, k, "1"); err != nil {
+		if err := nsutil.Sysctl(name, k, "1"); err != nil {
 			return err
 		}
 	}
@@ -222,7 +222,7 @@ func forwarding(name string) error {
 
 func ipAll(ctx context.Context, name string, steps [][]string) error {
 	for _, s := range steps {
-		if err := ns.IP(ctx, name, s...); err != nil {
+		if err := nsutil.IP(ctx, name, s...); err != nil {
 			return err
 		}
 	}

@@ -11,20 +11,20 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/test/netns/echo"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // The wiring alone, without control plane or agent: pods reach pods on other
 // nodes and the client reaches pods, all without address translation, and
 // Close removes every namespace.
 func TestTopologyRoutes(t *testing.T) {
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	c := &Cluster{ID: ns.RunID(), cfg: Config{Nodes: 2, PodsPerNode: 2, PodPrefix: "echo", Log: log}, log: log, Dir: t.TempDir()}
+	c := &Cluster{ID: nsutil.RunID(), cfg: Config{Nodes: 2, PodsPerNode: 2, PodPrefix: "echo", Log: log}, log: log, Dir: t.TempDir()}
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
@@ -65,7 +65,7 @@ func TestTopologyRoutes(t *testing.T) {
 	}
 	// Nodes reach the control-plane address (where kube-apiserver listens).
 	for _, ip := range []string{ControlPlaneIP().String(), ControlPlaneIP6().String()} {
-		l, err := ns.Listen(c.ControlNS, "tcp", net.JoinHostPort(ip, "6443"))
+		l, err := nsutil.Listen(c.ControlNS, "tcp", net.JoinHostPort(ip, "6443"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +74,7 @@ func TestTopologyRoutes(t *testing.T) {
 				conn.Close()
 			}
 		}()
-		conn, err := ns.Dialer(c.Nodes[1].Netns)(ctx, "tcp", l.Addr().String())
+		conn, err := nsutil.Dialer(c.Nodes[1].Netns)(ctx, "tcp", l.Addr().String())
 		if err != nil {
 			t.Fatalf("node -> control plane %s: %v", ip, err)
 		}
@@ -86,7 +86,7 @@ func TestTopologyRoutes(t *testing.T) {
 	c.Close()
 	closed = true
 	for _, n := range names {
-		if _, err := os.Stat(filepath.Join(ns.Dir, n)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(nsutil.Dir, n)); !os.IsNotExist(err) {
 			t.Errorf("netns %s still exists after Close", n)
 		}
 	}

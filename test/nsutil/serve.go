@@ -62,18 +62,6 @@ func (n *NS) Echo(t testing.TB, name, addr string) {
 	}()
 }
 
-// Dial opens a connection from inside n.
-func (n *NS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := n.Do(func() error {
-		var err error
-		var d net.Dialer
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
-}
-
 // Reply is one answer of an echo server.
 type Reply struct {
 	Name   string // the server's name

@@ -19,7 +19,7 @@ import (
 
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/netns/echo"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // TestSemantics runs issue 4's end-to-end cases against one namespace
@@ -269,7 +269,7 @@ type healthAnswer struct {
 func getHealth(c *netns.Cluster, n *netns.Node, hc int32) (healthAnswer, error) {
 	client := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{DialContext: ns.Dialer(c.ClientNetns), DisableKeepAlives: true},
+		Transport: &http.Transport{DialContext: nsutil.Dialer(c.ClientNetns), DisableKeepAlives: true},
 	}
 	resp, err := client.Get(fmt.Sprintf("http://%s/healthz", hostPort(n.IP, hc)))
 	if err != nil {
@@ -433,7 +433,7 @@ type udpAnswer struct {
 
 func startUDPSender(t *testing.T, from *netns.Pod, addr string) *udpSender {
 	t.Helper()
-	conn, err := ns.Dialer(from.Netns)(ctxFor(t), "udp", addr)
+	conn, err := nsutil.Dialer(from.Netns)(ctxFor(t), "udp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +566,7 @@ func testHealthCheckPortBusy(t *testing.T, c *netns.Cluster) {
 	ctx := ctxFor(t)
 	node1 := c.Nodes[0]
 	const hc = 32123
-	squatter, err := ns.Listen(node1.Netns, "tcp", fmt.Sprintf(":%d", hc))
+	squatter, err := nsutil.Listen(node1.Netns, "tcp", fmt.Sprintf(":%d", hc))
 	if err != nil {
 		t.Fatalf("hold port %d on %s: %v", hc, node1.Name, err)
 	}

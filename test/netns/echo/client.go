@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // Timeout bounds one request when the caller's context has no sooner
@@ -22,7 +22,7 @@ const Timeout = 2 * time.Second
 func Request(ctx context.Context, netns, proto, addr string) (Reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	c, err := ns.Dialer(netns)(ctx, proto, addr)
+	c, err := nsutil.Dialer(netns)(ctx, proto, addr)
 	if err != nil {
 		return Reply{}, err
 	}
@@ -64,7 +64,7 @@ type Conn struct {
 func Dial(ctx context.Context, netns, addr string) (*Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	c, err := ns.Dialer(netns)(ctx, "tcp", addr)
+	c, err := nsutil.Dialer(netns)(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // Reply is what a server sends back for every request.
@@ -47,7 +47,7 @@ type Server struct {
 func Serve(netns, name string, tcpPorts, udpPorts []int, log *slog.Logger) (*Server, error) {
 	s := &Server{Name: name, log: log, conns: map[net.Conn]struct{}{}}
 	for _, p := range tcpPorts {
-		l, err := ns.Listen(netns, "tcp", ":"+strconv.Itoa(p))
+		l, err := nsutil.Listen(netns, "tcp", ":"+strconv.Itoa(p))
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("echo %s tcp/%d: %w", name, p, err)
@@ -57,7 +57,7 @@ func Serve(netns, name string, tcpPorts, udpPorts []int, log *slog.Logger) (*Ser
 		go s.acceptLoop(l, p)
 	}
 	for _, p := range udpPorts {
-		c, err := ns.ListenPacket(netns, "udp", ":"+strconv.Itoa(p))
+		c, err := nsutil.ListenPacket(netns, "udp", ":"+strconv.Itoa(p))
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("echo %s udp/%d: %w", name, p, err)

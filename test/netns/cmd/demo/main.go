@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 const pidFile = "/run/onehop-demo.pid"
@@ -32,7 +32,7 @@ func main() {
 	if len(os.Args) > 1 {
 		cmd = os.Args[1]
 	}
-	if err := ns.Available(); err != nil {
+	if err := nsutil.Available(); err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		fmt.Fprintln(os.Stderr, "demo: it needs root because it creates network namespaces, veth pairs, bridges and nftables tables (all inside namespaces of its own, nothing in the host's): run `sudo make demo`.")
 		os.Exit(2)
@@ -97,7 +97,7 @@ func down(log *slog.Logger) error {
 			}
 		}
 	}
-	ns.Sweep(context.Background(), log)
+	nsutil.Sweep(context.Background(), log)
 	fmt.Println("demo: down (no onehop demo namespaces left without an owner)")
 	return nil
 }

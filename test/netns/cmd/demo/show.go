@@ -13,7 +13,7 @@ import (
 
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/netns/echo"
-	"github.com/onehop/onehop/test/netns/ns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // runDemo creates the LoadBalancer Service, sends requests from the external
@@ -70,7 +70,7 @@ func runDemo(ctx context.Context, c *netns.Cluster) (string, error) {
 	}
 
 	step(fmt.Sprintf("conntrack on %s: each connection is one entry, destination %s rewritten to a pod IP (the one hop)", node.Name, ingress))
-	if out, err := ns.Exec(ctx, node.Netns, "conntrack", "-L", "-p", "tcp", "-d", ingress); err == nil {
+	if out, err := nsutil.Exec(ctx, node.Netns, "conntrack", "-L", "-p", "tcp", "-d", ingress); err == nil {
 		fmt.Print(indent(out))
 	} else {
 		fmt.Printf("   (conntrack unavailable: %v)\n", err)

@@ -1,4 +1,4 @@
-package ns
+package nsutil
 
 import (
 	"context"
@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -28,7 +31,7 @@ type Process struct {
 // die first. Output goes to logPath.
 func Start(netns, name, logPath string, env []string, argv ...string) (*Process, error) {
 	if len(argv) == 0 {
-		return nil, errors.New("ns.Start: empty argv")
+		return nil, errors.New("nsutil.Start: empty argv")
 	}
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -114,4 +117,24 @@ func (p *Process) WaitExitContext(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Start runs argv as a long-lived process inside the namespace, its output
+// in a log file under t.TempDir(). The test's cleanup kills it (the
+// namespace's deletion would too) and, when the test failed, logs the tail
+// of its output. name labels the process in messages and names the log.
+func (n *NS) Start(t testing.TB, name string, env []string, argv ...string) *Process {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), strings.NewReplacer("/", "_", " ", "_").Replace(name)+".log")
+	p, err := Start(n.Name, name, logPath, env, argv...)
+	if err != nil {
+		t.Fatalf("in netns %s: %v", n.Name, err)
+	}
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("%s log (tail):\n%s", name, p.Tail(4000))
+		}
+	})
+	return p
 }
