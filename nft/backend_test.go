@@ -269,6 +269,21 @@ func TestOutsideChangesAreDetectedAndRepaired(t *testing.T) {
 func TestGoldenRuleset(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 0)
+	tp.sync(t, goldenSnapshot(), true)
+	d, err := tp.b.Dump(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	if err := d.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "ruleset.golden", d.Raw)
+	golden(t, "dump.golden", table.String())
+}
+
+// goldenSnapshot holds the Services of testdata/ruleset.golden.
+func goldenSnapshot() *portal.Snapshot {
 	key := func(n string) portal.ServiceKey { return portal.ServiceKey{Namespace: "demo", Name: n} }
 	one := &portal.Service{Key: key("web"), Portals: []*portal.Portal{
 		{Key: portal.PortKey{Service: key("web"), Port: "http", Protocol: portal.TCP, Family: portal.IPv4}, Port: 80,
@@ -284,17 +299,7 @@ func TestGoldenRuleset(t *testing.T) {
 		{Key: portal.PortKey{Service: key("dns"), Port: "dns-sctp", Protocol: portal.SCTP, Family: portal.IPv4}, Port: 53,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.53")}},
 	}}
-	tp.sync(t, snapshot(one, dns), true)
-	d, err := tp.b.Dump(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table strings.Builder
-	if err := d.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	golden(t, "ruleset.golden", d.Raw)
-	golden(t, "dump.golden", table.String())
+	return snapshot(one, dns)
 }
 
 func golden(t *testing.T, name, got string) {

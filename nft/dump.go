@@ -2,13 +2,17 @@ package nft
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
@@ -17,11 +21,7 @@ import (
 // Dump implements dataplane.Dataplane: it reads the onehop table back from
 // the kernel and describes it per Service port.
 func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
-	conn, err := newConn(b.netnsFD)
-	if err != nil {
-		return nil, err
-	}
-	k, err := readKernel(conn, b.table)
+	k, err := readKernel(b.netnsFD, b.table)
 	if err != nil {
 		return nil, err
 	}
@@ -30,15 +30,36 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 
 // kernelTable is the onehop table as read from the kernel.
 type kernelTable struct {
-	chains []string
-	rules  map[string][]*nftables.Rule
-	// anonymous set elements referenced by rules, by set name
-	anon map[string][]nftables.SetElement
-	// named set elements, by set name
+	// chains holds the chain names, sorted; chainList the chains in the
+	// kernel's order (the order `nft list` prints them in).
+	chains    []string
+	chainList []*nftables.Chain
+	rules     map[string][]*nftables.Rule
+	// sets are the declarations of the named and anonymous sets, in the
+	// kernel's order.
+	sets []*setDecl
+	// elems are the elements of every set, named or anonymous, by set
+	// name, sorted by key.
 	elems map[string][]nftables.SetElement
 }
 
-func readKernel(conn *nftables.Conn, t *nftables.Table) (*kernelTable, error) {
+// set returns the declaration of the named set, nil when there is none.
+func (k *kernelTable) set(name string) *setDecl {
+	for _, s := range k.sets {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// readKernel reads the whole table from the kernel of the network namespace
+// netnsFD (-1: the caller's).
+func readKernel(netnsFD int, t *nftables.Table) (*kernelTable, error) {
+	conn, err := newConn(netnsFD)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := conn.ListTableOfFamily(t.Name, t.Family); err != nil {
 		return nil, fmt.Errorf("table inet %s not found (is onehop running here?): %w", t.Name, err)
 	}
@@ -46,39 +67,133 @@ func readKernel(conn *nftables.Conn, t *nftables.Table) (*kernelTable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
-	k := &kernelTable{rules: map[string][]*nftables.Rule{}, anon: map[string][]nftables.SetElement{}, elems: map[string][]nftables.SetElement{}}
+	k := &kernelTable{rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
 	for _, c := range chains {
 		if c.Table.Name != t.Name {
 			continue
 		}
 		k.chains = append(k.chains, c.Name)
+		k.chainList = append(k.chainList, c)
 		rules, err := conn.GetRules(t, c)
 		if err != nil {
 			return nil, fmt.Errorf("rules of %s: %w", c.Name, err)
 		}
 		k.rules[c.Name] = rules
-		for _, r := range rules {
-			for _, e := range r.Exprs {
-				if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "__") {
-					els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: l.SetName, ID: l.SetID, Anonymous: true})
-					if err != nil {
-						return nil, fmt.Errorf("set %s of %s: %w", l.SetName, c.Name, err)
-					}
-					k.anon[l.SetName] = els
-				}
-			}
-		}
 	}
 	sort.Strings(k.chains)
-	for _, s := range fixedSets(t) {
-		els, err := conn.GetSetElements(s)
+	if k.sets, err = listSets(netnsFD, t); err != nil {
+		return nil, err
+	}
+	for _, s := range k.sets {
+		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.flags&unix.NFT_SET_ANONYMOUS != 0})
 		if err != nil {
-			return nil, fmt.Errorf("set %s: %w", s.Name, err)
+			return nil, fmt.Errorf("set %s: %w", s.name, err)
 		}
 		sort.Slice(els, func(i, j int) bool { return string(els[i].Key) < string(els[j].Key) })
-		k.elems[s.Name] = els
+		k.elems[s.name] = els
 	}
 	return k, nil
+}
+
+// setDecl is a set or map as the kernel declares it.
+type setDecl struct {
+	name     string
+	id       uint32
+	flags    uint32 // NFT_SET_*
+	keyType  uint32 // nft datatype, concatenations 6 bits per field
+	keyLen   uint32
+	dataType uint32 // nftVerdictType for verdict maps
+	dataLen  uint32
+	timeout  time.Duration
+	size     uint32
+}
+
+// nftVerdictType is the data type of verdict maps on the wire.
+const nftVerdictType = 0xffffff00
+
+func (s *setDecl) isMap() bool { return s.flags&unix.NFT_SET_MAP != 0 }
+
+// listSets reads the declarations of the table's sets. It asks the kernel
+// directly: github.com/google/nftables loses the key type of verdict maps.
+func listSets(netnsFD int, t *nftables.Table) ([]*setDecl, error) {
+	ns := 0
+	if netnsFD >= 0 {
+		ns = netnsFD
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns})
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	defer c.Close()
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_SET_TABLE, Data: []byte(t.Name + "\x00")}})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSET),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: append([]byte{byte(t.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	var sets []*setDecl
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		s, table, err := decodeSetDecl(m.Data[4:])
+		if err != nil {
+			return nil, fmt.Errorf("list sets: %w", err)
+		}
+		if table == t.Name {
+			sets = append(sets, s)
+		}
+	}
+	return sets, nil
+}
+
+func decodeSetDecl(b []byte) (*setDecl, string, error) {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return nil, "", err
+	}
+	ad.ByteOrder = binary.BigEndian
+	s, table := &setDecl{}, ""
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_TABLE:
+			table = ad.String()
+		case unix.NFTA_SET_NAME:
+			s.name = ad.String()
+		case unix.NFTA_SET_ID:
+			s.id = ad.Uint32()
+		case unix.NFTA_SET_FLAGS:
+			s.flags = ad.Uint32()
+		case unix.NFTA_SET_KEY_TYPE:
+			s.keyType = ad.Uint32()
+		case unix.NFTA_SET_KEY_LEN:
+			s.keyLen = ad.Uint32()
+		case unix.NFTA_SET_DATA_TYPE:
+			s.dataType = ad.Uint32()
+		case unix.NFTA_SET_DATA_LEN:
+			s.dataLen = ad.Uint32()
+		case unix.NFTA_SET_TIMEOUT:
+			s.timeout = time.Duration(ad.Uint64()) * time.Millisecond
+		case unix.NFTA_SET_DESC:
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				for nd.Next() {
+					if nd.Type() == unix.NFTA_SET_DESC_SIZE {
+						s.size = nd.Uint32()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return s, table, ad.Err()
 }
 
 func (k *kernelTable) dump() *dataplane.Dump {

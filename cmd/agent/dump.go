@@ -15,7 +15,7 @@ import (
 func dumpCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent dump-rules", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	output := fs.String("o", "table", "output: table, json, or nft (the raw ruleset)")
+	output := fs.String("o", "table", "output: table, json, or nft (the ruleset in nft syntax, as nft list table prints it)")
 	dpName := fs.String("dataplane", "nft", "the dataplane to read: nft or ipvs")
 	if err := fs.Parse(args); err != nil {
 		return err
