@@ -18,66 +18,25 @@ import (
 	"github.com/onehop/onehop/test/nsutil"
 )
 
-// topo is the nft tests' node topology: a node namespace running the nft
-// backend and the conntrack cleaner, pods routed through it, a client
-// outside the cluster and an upstream dead end (traffic to an address
-// without rules is forwarded there and never answered).
-//
-//	client 198.51.100.2 --- 198.51.100.1 node 10.244.N.1 --- 10.244.N.2 podN
-//	                                         192.0.2.1 --- 192.0.2.2 upstream (default route)
+// topo is nsutil's NodeTopology, the nft tests' bench, with the nft
+// backend and the conntrack cleaner running for the node.
 type topo struct {
-	node, client, upstream *nsutil.NS
-	pods                   []*nsutil.NS
-	b                      *nft.Backend
-	cleaner                *dataplane.ConntrackCleaner
+	*nsutil.NodeTopology
+	b       *nft.Backend
+	cleaner *dataplane.ConntrackCleaner
 }
 
-const (
-	nodeIP    = "198.51.100.1"
-	clientIP  = "198.51.100.2"
-	nodeIP6   = "2001:db8:1::1"
-	clientIP6 = "2001:db8:1::2"
-	nodePort  = 30053
-)
+const nodePort = 30053
 
-func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 2}) }
-
-func podIP6(i int) netip.Addr {
-	return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 2})
-}
-
-func podName(i int) string { return "pod" + string(rune('0'+i)) }
+func podName(i int) string { return nsutil.PodName(i) }
 
 func newTopo(t *testing.T, pods int) *topo {
 	t.Helper()
-	tp := &topo{
-		node:     nsutil.New(t, "ohctn-"),
-		client:   nsutil.New(t, "ohctc-"),
-		upstream: nsutil.New(t, "ohctu-"),
-	}
-	tp.node.Sysctl(t, "net.ipv4.ip_forward", "1")
-	tp.node.Sysctl(t, "net.ipv6.conf.all.forwarding", "1")
-	nsutil.Veth(t, tp.node, "to-client", []string{nodeIP + "/24", nodeIP6 + "/64"}, tp.client, "eth0", []string{clientIP + "/24", clientIP6 + "/64"})
-	tp.client.IP(t, "route", "add", "default", "via", nodeIP)
-	tp.client.IP(t, "-6", "route", "add", "default", "via", nodeIP6)
-	nsutil.Veth(t, tp.node, "to-up", []string{"192.0.2.1/24", "2001:db8:2::1/64"}, tp.upstream, "eth0", []string{"192.0.2.2/24", "2001:db8:2::2/64"})
-	tp.node.IP(t, "route", "add", "default", "via", "192.0.2.2")
-	tp.node.IP(t, "-6", "route", "add", "default", "via", "2001:db8:2::2")
-	for i := 0; i < pods; i++ {
-		p := nsutil.New(t, "ohctp-")
-		gw := netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 1})
-		gw6 := netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 0, byte(i + 1), 15: 1})
-		nsutil.Veth(t, tp.node, nsutil.Unique("p"), []string{gw.String() + "/24", gw6.String() + "/64"},
-			p, "eth0", []string{podIP(i).String() + "/24", podIP6(i).String() + "/64"})
-		p.IP(t, "route", "add", "default", "via", gw.String())
-		p.IP(t, "-6", "route", "add", "default", "via", gw6.String())
-		p.Echo(t, podName(i), ":8080")
-		tp.pods = append(tp.pods, p)
-	}
+	tp := &topo{NodeTopology: nsutil.NewNodeTopology(t, pods)}
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg := dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/32")}}
-	tp.b = nft.New(cfg, nft.WithNetNS(tp.node.FD()), nft.WithLogger(log))
-	tp.cleaner = dataplane.NewConntrackCleaner(log, tp.node.FD())
+	tp.b = nft.New(cfg, nft.WithNetNS(tp.Node.FD()), nft.WithLogger(log))
+	tp.cleaner = dataplane.NewConntrackCleaner(log, tp.Node.FD())
 	t.Cleanup(func() {
 		tp.cleaner.Close()
 		if err := tp.b.Cleanup(context.Background()); err != nil {
@@ -99,18 +58,18 @@ func udpService(name, vip string, pods ...int) *portal.Service {
 		NodePort:   nodePort,
 	}
 	for _, i := range pods {
-		ip := podIP(i)
+		ip := nsutil.PodIP(i)
 		if addr.Is6() {
-			ip = podIP6(i)
+			ip = nsutil.PodIP6(i)
 		}
-		p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(ip, 8080))
+		p.ClusterEndpoints = append(p.ClusterEndpoints, netip.AddrPortFrom(ip, nsutil.EchoPort))
 	}
 	return &portal.Service{Key: key, Portals: []*portal.Portal{p}}
 }
 
 func snapshot(svcs ...*portal.Service) *portal.Snapshot {
 	s := &portal.Snapshot{
-		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr(nodeIP6)}},
+		Node:     portal.Node{Name: "node", NodePortAddrs: []netip.Addr{netip.MustParseAddr(nsutil.NodeIP), netip.MustParseAddr(nsutil.NodeIP6)}},
 		Services: map[portal.ServiceKey]*portal.Service{},
 	}
 	for _, svc := range svcs {
@@ -290,14 +249,14 @@ func controlWindow(t *testing.T, s *sender, stuck string) {
 func TestUDPFlowFollowsEndpointChange(t *testing.T) {
 	for _, tc := range []struct{ name, vip, addr string }{
 		{"ClusterIP", "10.96.0.53", "10.96.0.53:53"},
-		{"NodePort", "10.96.0.53", nodeIP + ":30053"},
+		{"NodePort", "10.96.0.53", nsutil.NodeIP + ":30053"},
 		{"ClusterIPv6", "fd00:96::53", "[fd00:96::53]:53"},
-		{"NodePortIPv6", "fd00:96::53", "[" + nodeIP6 + "]:30053"},
+		{"NodePortIPv6", "fd00:96::53", "[" + nsutil.NodeIP6 + "]:30053"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tp := newTopo(t, 2)
 			tp.sync(t, snapshot(udpService("dns", tc.vip, 0)), true)
-			s := startSender(t, tp.client, tc.addr)
+			s := startSender(t, tp.Client, tc.addr)
 			s.waitFor(t, podName(0), time.Time{})
 
 			tp.sync(t, snapshot(udpService("dns", tc.vip, 1)), false)
@@ -324,7 +283,7 @@ func TestUDPFlowFollowsEndpointChange(t *testing.T) {
 func TestUDPFlowStartedBeforeServiceRecovers(t *testing.T) {
 	tp := newTopo(t, 1)
 	tp.sync(t, snapshot(), true)
-	s := startSender(t, tp.client, "10.96.0.54:53")
+	s := startSender(t, tp.Client, "10.96.0.54:53")
 	time.Sleep(200 * time.Millisecond)
 
 	tp.sync(t, snapshot(udpService("late", "10.96.0.54", 0)), false)
@@ -345,7 +304,7 @@ func TestUDPFlowAcrossScaleToZeroAndRecreate(t *testing.T) {
 	tp := newTopo(t, 2)
 	const vip = "10.96.0.55"
 	tp.sync(t, snapshot(udpService("cycle", vip, 0)), true)
-	s := startSender(t, tp.client, vip+":53")
+	s := startSender(t, tp.Client, vip+":53")
 	s.waitFor(t, podName(0), time.Time{})
 
 	began := time.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -121,5 +122,37 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(Dir, live.Name)); err != nil {
 		t.Errorf("live namespace %s was swept: %v", live.Name, err)
+	}
+}
+
+// The node topology routes: both clients reach every pod through the node
+// (forwarding, no NAT: the pod sees the client's address), over IPv4 and
+// IPv6, and the node's default route leads to the upstream.
+func TestNodeTopologyRoutes(t *testing.T) {
+	tp := NewNodeTopology(t, 2)
+	for i := range tp.Pods {
+		for _, c := range []struct {
+			from *NS
+			addr netip.Addr
+			src  string
+		}{
+			{tp.Client, PodIP(i), ClientIP},
+			{tp.Client, PodIP6(i), ClientIP6},
+			{tp.Client2, PodIP(i), Client2IP},
+		} {
+			for _, network := range []string{"tcp", "udp"} {
+				addr := netip.AddrPortFrom(c.addr, EchoPort).String()
+				r, err := c.from.Ask(network, addr, 2*time.Second)
+				if err != nil {
+					t.Fatalf("%s %s from %s: %v", network, addr, c.from.Name, err)
+				}
+				if host, _, _ := net.SplitHostPort(r.Source); r.Name != PodName(i) || host != c.src {
+					t.Errorf("%s %s: reply %+v, want %s seeing %s", network, addr, r, PodName(i), c.src)
+				}
+			}
+		}
+	}
+	if out := tp.Node.IP(t, "route", "get", "203.0.113.1"); !strings.Contains(out, "via "+UpstreamIP) {
+		t.Errorf("node's route to an outside address does not lead upstream: %s", out)
 	}
 }
