@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,8 +54,20 @@ type runFlags struct {
 	logFormat        string
 	qps              float64
 	burst            int
+	contentType      string
+	acceptTypes      string
+	detectLocalMode  string
+	conntrack        conntrackConfig
+	oomScoreAdj      int
+	bindHardFail     bool
 
 	external json.RawMessage // the config file's external section
+	// explicit holds the flags given on the command line or set by the
+	// file (under the flag's name): kube-proxy's defaults are applied
+	// softer than what the user asked for.
+	explicit map[string]bool
+	// Resolved by validate.
+	nodePorts *nodePortAddresses
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -63,7 +77,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.hostname, "hostname-override", "", "this node's name, when it is not the hostname")
 	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "", "comma-separated pod CIDRs; traffic to cluster IPs from outside them is masqueraded")
 	fs.StringVar(&f.serviceCIDR, "service-cidr", "", "comma-separated service CIDRs; endpoints inside them are refused")
-	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs selecting the node addresses NodePorts are served on (default: the node's primary IPs; \"primary\" says so explicitly)")
+	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs: NodePorts are served on the node's interface addresses inside them (0.0.0.0/0, ::/0: all of the family); default \"primary\": the node's primary IPs from its Node object")
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", time.Second, "least time between syncs; bursts of changes are batched")
 	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "most time between syncs")
@@ -80,6 +94,18 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "QPS towards the API server")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "burst towards the API server")
+	fs.StringVar(&f.contentType, "kube-api-content-type", "", "content type of requests to the API server (default: client-go's)")
+	fs.StringVar(&f.detectLocalMode, "detect-local-mode", "", "how traffic from local pods is told: ClusterCIDR (default, --cluster-cidr) or NodeCIDR (this Node's spec.podCIDRs)")
+	d := conntrackDefaults()
+	fs.IntVar(&f.conntrack.MaxPerCore, "conntrack-max-per-core", d.MaxPerCore, "nf_conntrack_max per CPU, raised to at least --conntrack-min (0: leave the limit as it is)")
+	fs.IntVar(&f.conntrack.Min, "conntrack-min", d.Min, "least nf_conntrack_max, whatever the number of CPUs")
+	fs.DurationVar(&f.conntrack.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", d.TCPEstablishedTimeout, "idle timeout of established TCP connections (0: leave as is)")
+	fs.DurationVar(&f.conntrack.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", d.TCPCloseWaitTimeout, "conntrack timeout of TCP connections in CLOSE_WAIT (0: leave as is)")
+	fs.BoolVar(&f.conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal: out-of-window TCP packets are not marked INVALID")
+	fs.DurationVar(&f.conntrack.UDPTimeout, "conntrack-udp-timeout", 0, "conntrack timeout of unreplied UDP flows (0: leave as is)")
+	fs.DurationVar(&f.conntrack.UDPStreamTimeout, "conntrack-udp-timeout-stream", 0, "conntrack timeout of UDP flows that saw replies (0: leave as is)")
+	fs.IntVar(&f.oomScoreAdj, "oom-score-adj", -999, "the agent's oom_score_adj, -1000 to 1000 (applied when given)")
+	fs.BoolVar(&f.bindHardFail, "bind-address-hard-fail", false, "exit when the health or metrics address cannot be bound")
 }
 
 // applyFile fills every setting the command line did not set from the file.
@@ -106,9 +132,45 @@ func (f *runFlags) applyFile(fc *fileConfig, set map[string]bool) {
 			*dst = strings.Join(s, ",")
 		}
 	}
+	str("kube-api-content-type", &f.contentType, fc.ContentType)
+	if fc.AcceptContentTypes != nil {
+		f.acceptTypes = *fc.AcceptContentTypes
+	}
+	str("detect-local-mode", &f.detectLocalMode, fc.DetectLocalMode)
 	prefixes("cluster-cidr", &f.clusterCIDR, fc.ClusterCIDRs)
-	prefixes("nodeport-addresses", &f.nodePortAddrs, fc.NodePortCIDRs)
 	prefixes("external-ip-cidrs", &f.externalIPCIDRs, fc.ExternalIPCIDRs)
+	if !set["nodeport-addresses"] && fc.NodePortAddresses != nil {
+		f.nodePortAddrs = fc.NodePortAddresses.String()
+	}
+	ct := fc.Conntrack
+	for flag, p := range map[string]any{
+		"conntrack-max-per-core": &ct.MaxPerCore, "conntrack-min": &ct.Min,
+		"conntrack-tcp-timeout-established": &ct.TCPEstablishedTimeout,
+		"conntrack-tcp-timeout-close-wait":  &ct.TCPCloseWaitTimeout, "conntrack-tcp-be-liberal": &ct.TCPBeLiberal,
+		"conntrack-udp-timeout": &ct.UDPTimeout, "conntrack-udp-timeout-stream": &ct.UDPStreamTimeout,
+	} {
+		if set[flag] { // the command line wins: forget the file's value
+			switch p := p.(type) {
+			case **int32:
+				*p = nil
+			case **time.Duration:
+				*p = nil
+			case **bool:
+				*p = nil
+			}
+		}
+	}
+	f.conntrack = ct.resolve(f.conntrack)
+	for _, flag := range ct.set() {
+		f.explicit[flag] = true
+	}
+	if !set["oom-score-adj"] && fc.OOMScoreAdj != nil {
+		f.oomScoreAdj = int(*fc.OOMScoreAdj)
+		f.explicit["oom-score-adj"] = true
+	}
+	if !set["bind-address-hard-fail"] && fc.BindAddressHardFail != nil {
+		f.bindHardFail = *fc.BindAddressHardFail
+	}
 	if !set["profiling"] && fc.Profiling != nil {
 		f.profiling = *fc.Profiling
 	}
@@ -143,7 +205,7 @@ func parsePrefixes(flagName, s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
-		if part == "" || part == "primary" && flagName == "nodeport-addresses" {
+		if part == "" {
 			continue
 		}
 		p, err := netip.ParsePrefix(part)
@@ -167,23 +229,65 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, []string, error)
 		return nil, nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var warnings []string
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	f.explicit = map[string]bool{}
+	for name := range set {
+		f.explicit[name] = true
+	}
+	var ipvsTimeouts []string
 	if f.config != "" {
 		fc, w, err := loadConfigFile(f.config)
 		if err != nil {
 			return nil, nil, err
 		}
 		warnings = w
-		set := map[string]bool{}
-		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 		f.applyFile(fc, set)
+		ipvsTimeouts = fc.IPVSTimeouts
 	}
-	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
-		return nil, nil, fmt.Errorf("--masquerade-bit %d: must be 0..31", f.masqueradeBit)
+	if err := f.validate(); err != nil {
+		return nil, nil, err
 	}
-	if f.dataplane != "nft" && f.dataplane != "ipvs" {
-		return nil, nil, fmt.Errorf("--dataplane %q: must be nft or ipvs", f.dataplane)
+	for _, field := range ipvsTimeouts {
+		if f.dataplane == "ipvs" {
+			return nil, nil, fmt.Errorf("%s: %s: onehop's IPVS dataplane does not set IPVS timeouts; leave it 0s "+
+				"(conntrack.* sets the connection tracking timeouts)", f.config, field)
+		}
+		warnings = append(warnings, fmt.Sprintf("%s: ignored: the dataplane is %s, which has no IPVS timeouts", field, f.dataplane))
 	}
 	return f, warnings, nil
+}
+
+// validate checks the merged settings, whether they came from flags or
+// the file, with the same checks as the file's loader.
+func (f *runFlags) validate() error {
+	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
+		return fmt.Errorf("--masquerade-bit %d: must be 0..31", f.masqueradeBit)
+	}
+	if f.dataplane != "nft" && f.dataplane != "ipvs" {
+		return fmt.Errorf("--dataplane %q: must be nft or ipvs", f.dataplane)
+	}
+	np, err := parseNodePortAddresses(strings.Split(f.nodePortAddrs, ","))
+	if err != nil {
+		return err
+	}
+	f.nodePorts = np
+	if err := checkDetectLocalMode(f.detectLocalMode); err != nil {
+		return err
+	}
+	if err := f.conntrack.validate(); err != nil {
+		return err
+	}
+	if f.oomScoreAdj < -1000 || f.oomScoreAdj > 1000 {
+		return fmt.Errorf("oomScoreAdj (--oom-score-adj) %d: want -1000 to 1000", f.oomScoreAdj)
+	}
+	for _, c := range []struct{ flag, s string }{{"cluster-cidr", f.clusterCIDR}, {"service-cidr", f.serviceCIDR},
+		{"external-ip-cidrs", f.externalIPCIDRs}} {
+		if _, err := parsePrefixes(c.flag, c.s); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func nodeName(override string) (string, error) {
@@ -210,6 +314,10 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	for _, w := range warnings {
 		log.Warn("config file", "path", f.config, "warning", w)
 	}
+	// fatal stops the agent with err: runCmd returns it once everything
+	// started has stopped.
+	ctx, fatal := context.WithCancelCause(ctx)
+	defer fatal(nil)
 	node, err := nodeName(f.hostname)
 	if err != nil {
 		return err
@@ -222,13 +330,14 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	npCIDRs, err := parsePrefixes("nodeport-addresses", f.nodePortAddrs)
-	if err != nil {
-		return err
-	}
 	extCIDRs, err := parsePrefixes("external-ip-cidrs", f.externalIPCIDRs)
 	if err != nil {
 		return err
+	}
+	if f.explicit["oom-score-adj"] {
+		if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(f.oomScoreAdj)), 0o644); err != nil {
+			log.Warn("cannot set the agent's oom_score_adj", "setting", "oomScoreAdj (--oom-score-adj)", "value", f.oomScoreAdj, "err", err)
+		}
 	}
 
 	rc, err := clientcmd.BuildConfigFromFlags(f.master, f.kubeconfig)
@@ -236,35 +345,59 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("API server configuration: %w", err)
 	}
 	rc.QPS, rc.Burst = float32(f.qps), f.burst
+	rc.ContentType, rc.AcceptContentTypes = f.contentType, f.acceptTypes
 	rc.UserAgent = "onehop-agent/" + version
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	nodeCheck := newNodeCheck(node, client, log, reg)
 
-	dpCfg := dataplane.Config{ClusterCIDRs: clusterCIDRs, ServiceCIDRs: serviceCIDRs, MasqueradeAll: f.masqueradeAll,
+	localCIDRs := clusterCIDRs
+	switch f.detectLocalMode {
+	case detectLocalNodeCIDR:
+		localCIDRs, err = nodeCheck.waitForPodCIDRs(ctx)
+		if err != nil {
+			return err
+		}
+		log.Info("local pod traffic is told by this Node's spec.podCIDRs", "setting", "detectLocalMode NodeCIDR", "pod_cidrs", localCIDRs)
+	default:
+		if len(clusterCIDRs) == 0 && !f.masqueradeAll {
+			log.Warn("detectLocalMode is ClusterCIDR but no clusterCIDR (--cluster-cidr) is set: traffic to cluster IPs from " +
+				"outside the pod network is not masqueraded; set clusterCIDR, detectLocalMode NodeCIDR or masqueradeAll")
+		}
+	}
+
+	dpCfg := dataplane.Config{ClusterCIDRs: localCIDRs, ServiceCIDRs: serviceCIDRs, MasqueradeAll: f.masqueradeAll,
 		MasqueradeBit: uint(f.masqueradeBit), SourceRangesOnNodePorts: f.srcRangesOnNP}
 	dp, err := newDataplane(f.dataplane, dpCfg, f.ipvsScheduler, log)
 	if err != nil {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
 	metrics := dataplane.NewMetrics(reg)
+	serveFailed := func(what, addr string, err error) {
+		if f.bindHardFail {
+			fatal(fmt.Errorf("%s server on %s (bindAddressHardFail): %w", what, addr, err))
+			return
+		}
+		log.Error(what+" server stopped", "addr", addr, "err", err)
+	}
 	var health *dataplane.HealthServer
 	if f.healthzAddr != "" {
 		health = dataplane.NewHealthServer(f.healthzAddr, f.syncPeriod, nil)
 		health.SetMetrics(metrics)
 		go func() {
 			if err := health.Run(ctx); err != nil {
-				log.Error("healthz server stopped", "addr", f.healthzAddr, "err", err)
+				serveFailed("healthz", f.healthzAddr, err)
 			}
 		}()
 	}
 	if f.metricsAddr != "" {
 		go func() {
 			if err := metrics.Serve(ctx, f.metricsAddr, reg, f.profiling); err != nil {
-				log.Error("metrics server stopped", "addr", f.metricsAddr, "err", err)
+				serveFailed("metrics", f.metricsAddr, err)
 			}
 		}()
 	}
@@ -275,7 +408,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "onehop-agent", Host: node})
 
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
-		NodePortCIDRs: npCIDRs, ServiceProxyName: f.serviceProxyName}
+		ServiceProxyName: f.serviceProxyName}
 	var runner *dataplane.Runner
 	tracker := portal.NewTracker(pcfg, &portal.EventReporter{Recorder: recorder, Log: log},
 		func() {
@@ -283,8 +416,38 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 				runner.Trigger()
 			}
 		})
-	runner = dataplane.NewRunner(dp, tracker, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod},
+	var snapSrc dataplane.SnapshotSource = tracker
+	if !f.nodePorts.Primary {
+		// NodePorts on the node's interface addresses inside the CIDRs,
+		// followed as they change.
+		nps := newNodePortSource(tracker, f.nodePorts.CIDRs)
+		snapSrc = nps
+		if err := nps.follow(ctx, log, func() {
+			if runner != nil {
+				runner.Trigger()
+			}
+		}); err != nil {
+			return fmt.Errorf("nodePortAddresses (--nodeport-addresses) %s: %w", f.nodePorts, err)
+		}
+	}
+	runner = dataplane.NewRunner(dp, snapSrc, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod},
 		log, health, metrics)
+	// The conntrack sysctls, once the first sync has loaded nf_conntrack.
+	var conntrackOnce sync.Once
+	runner.OnApplied(func(*portal.Snapshot) {
+		conntrackOnce.Do(func() {
+			if err := applyConntrack(ctx, log, "/proc/sys", f.conntrack, f.explicit, nodeCPUs()); err != nil {
+				fatal(err)
+			}
+		})
+	})
+	if f.detectLocalMode == detectLocalNodeCIDR {
+		runner.OnApplied(func(*portal.Snapshot) {
+			if err := podCIDRsChanged(tracker.Node(), localCIDRs); err != nil {
+				fatal(err) // as kube-proxy: restart to pick the new ones up
+			}
+		})
+	}
 	// Stale UDP/SCTP flows follow endpoint changes.
 	conntrack := dataplane.NewConntrackCleaner(log, -1)
 	defer conntrack.Close()
@@ -294,15 +457,21 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if health != nil {
 		hcOpts = append(hcOpts, dataplane.WithProxyHealth(health.ProxyHealthy))
 	}
-	svcHealth := dataplane.NewServiceHealth(log, func(k portal.ServiceKey, reason, message string) {
+	serviceEvent := func(k portal.ServiceKey, reason, message string) {
 		ref := tracker.Service(k) // with its UID, so that kubectl describe shows the event
 		if ref == nil {
 			ref = &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
 		}
 		recorder.Event(ref, v1.EventTypeWarning, reason, message)
-	}, hcOpts...)
+	}
+	svcHealth := dataplane.NewServiceHealth(log, serviceEvent, hcOpts...)
 	defer svcHealth.Close()
 	runner.OnApplied(svcHealth.Update)
+	// A Service the backend could not render is left out: its owner is told.
+	runner.OnServicePanic(func(p dataplane.ServicePanic) {
+		pr := p.Problem()
+		serviceEvent(p.Service, pr.Reason, pr.Message)
+	})
 	if health != nil {
 		runner.OnApplied(func(*portal.Snapshot) {
 			n := tracker.Node()
@@ -358,9 +527,17 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	// The existing ruleset keeps serving until the informers have listed
 	// everything: the first sync then replaces it in one transaction.
 	if err := portal.WaitForSync(ctx, synced); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			return cause
+		}
 		return err
 	}
+	go nodeCheck.run(ctx, tracker.Node)
 	runner.Run(ctx)
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("onehop agent stopping; rules stay in place", "err", err)
+		return err
+	}
 	log.Info("onehop agent stopping; rules stay in place (agent cleanup removes them)")
 	return nil
 }
