@@ -1,30 +1,106 @@
 // Package nft is onehop's nftables backend. It owns one table, `inet onehop`,
 // and programs it over netlink (github.com/google/nftables) in one atomic
 // transaction per sync, keeping what it applied in memory so that a change
-// to one Service sends only that Service's map elements and chains.
+// to one Service sends only that Service's map elements and chains. It never
+// touches another table, and reads no Kubernetes object: it renders the
+// portals it is given.
 //
-// The ruleset (see testdata/*.golden for a rendered example):
+// The ruleset below is written in nft syntax. `agent dump-rules -o nft`
+// prints the live one as `nft list table inet onehop` does;
+// testdata/ruleset.golden and testdata/ruleset-policies.golden are rendered
+// examples. Only the IPv4 half is shown: the IPv6 half is the same with ip6
+// and the sets ending in 6. <f> is the family (4 or 6), "..." stands for
+// <namespace>/<name>/<protocol>/<port> of a Service port, <masq> for the
+// masquerade bit of the packet mark.
+// TestDocNamesTheRuleset fails when a chain, set or map named here is not in
+// the table, or the table has one not named here.
 //
-//	nat-prerouting, nat-output (nat, dstnat): jump services
-//	services:
-//	    ip  daddr . meta l4proto . th dport vmap @vips4   (cluster, external and LB IPs)
-//	    ip6 daddr . meta l4proto . th dport vmap @vips6
-//	    ip  daddr @nodeport-ips4 meta l4proto . th dport vmap @nodeports4
-//	    ip6 daddr @nodeport-ips6 meta l4proto . th dport vmap @nodeports6
-//	svc<f>/<ns>/<name>/<proto>/<port>:   one per Service port and family
-//	    jump masq-outside          (mark traffic from outside the cluster CIDRs)
-//	    counter dnat to numgen random mod N map { 0 : pod . port, ... }
-//	ext<f>/...: the way in for NodePort, external and LB IPs
-//	    meta mark set mark | masq; goto svc<f>/...
-//	nat-postrouting (nat, srcnat):
-//	    mark & masq != 0: clear the bit, masquerade fully-random
-//	    ct status dnat, saddr . daddr in @hairpin<f>: masquerade (a pod reaching itself)
-//	filter-input, filter-forward, filter-output (filter - 10):
-//	    ct state new: jump noep-check
-//	noep-check: daddr . l4proto . dport in @noep<f>, or a NodePort in
-//	    @noep-nodeports<f>: goto reject (TCP reset, ICMP port unreachable)
+// Dispatch: the nat chains send a new connection through one hash lookup,
+// whatever the number of Services.
+//
+//	chain nat-prerouting (priority dstnat), chain nat-output (-100): jump services
+//	chain services
+//	    ip daddr @cluster-ips4 ip saddr != <cluster CIDR> meta mark set meta mark | <masq>
+//	    ip daddr . meta l4proto . th dport @ext-marks4 meta mark set meta mark | <masq>
+//	    ip daddr . meta l4proto . th dport vmap @vips4
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport @np-marks4 meta mark set meta mark | <masq>
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @nodeports4
+//	    dnat ip to ip daddr map @pod-dnat4
+//
+// The first rule marks cluster-IP traffic from outside the cluster CIDRs for
+// masquerade (all of it with --masquerade-all); @ext-marks4 and @np-marks4
+// hold the external, load-balancer and node ports of Services whose external
+// traffic policy is Cluster. @vips4 maps each cluster, external and
+// load-balancer IP . protocol . port to the Service port's chain, @nodeports4
+// each protocol . node port, on the addresses in @nodeport-ips4:
+//
+//	10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http
+//
+// @pod-dnat4 sends a pod's own external IP to the pod, every protocol and port.
+//
+// One chain per Service port and family picks an endpoint:
+//
+//	chain svc<f>/...
+//	    counter dnat ip to 10.244.2.2:8080                    (one endpoint)
+//	    counter dnat ip to <id> . numgen random mod 2 map @endpoints<f>-<shard>
+//
+// The endpoints of all Service ports are spread over 64 maps per family,
+// keyed by the chain's id . the index numgen picks, so that a pod replaced is
+// an element update that touches no rule: <id> . 0 : 10.244.2.2 . 8080 (nft
+// prints the id in the rule as `0x2 [invalid type]` and in the map, a mark
+// in host byte order, as 0x02000000).
+// With ClientIP affinity the chain sends a client it remembers back to its
+// endpoint, and a new client to a random one, whose chain remembers it:
+//
+//	chain svc<f>/...
+//	    ip saddr @aff<timeout>:svc<f>/...@<endpoint> goto aep<f>/...@<endpoint>   (per endpoint)
+//	    numgen random mod 2 vmap { 0 : goto aep<f>/...@<endpoint>, 1 : goto aep<f>/...@<endpoint> }
+//	chain aep<f>/...@<endpoint>
+//	    update @aff<timeout>:svc<f>/...@<endpoint> { ip saddr timeout <timeout> } counter dnat ip to <endpoint>
+//
+// Policies add chains in front (a way in is a @vips4 or @nodeports4 element
+// whose goto names the first chain it takes):
+//
+//	chain all<f>/...   all endpoints, when internalTrafficPolicy: Local leaves svc<f>/... only local ones
+//	chain ext<f>/...   externalTrafficPolicy: Local; its affinity sets are @aff<timeout>:ext<f>/...@<endpoint>
+//	    ip saddr <cluster CIDR> goto svc<f>/...                (pods reach all endpoints)
+//	    fib saddr type local meta mark set meta mark | <masq> goto svc<f>/...   (the node too; all<f>/... when there is one)
+//	    counter dnat ...                                       (this node's endpoints, source kept; drop when none)
+//	chain fw<f>/...    loadBalancerSourceRanges, in front of ext<f>/... or svc<f>/...
+//	    ip saddr <source range> goto ext<f>/...
+//	    counter drop
+//
+// Refusals: the filter chains reject new connections to a Service port
+// without endpoints before they reach a socket of the node.
+//
+//	chain filter-input, chain filter-forward, chain filter-output (priority filter - 10): ct state new jump noep-check
+//	chain noep-check
+//	    ip daddr . meta l4proto . th dport vmap @noep4                                  (goto reject, or goto drop)
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @noep-nodeports4
+//	    ip daddr @cluster-ips4 goto reject                                              (undefined port of a cluster IP)
+//	    ip daddr <service CIDR> counter drop                                            (unallocated cluster IP)
+//	chain reject
+//	    meta l4proto tcp reject with tcp reset
+//	    reject                                                                          (ICMP port unreachable)
+//	chain drop
+//	    counter drop
+//
+// @noep4 and @noep-nodeports4 hold the ways into Service ports without
+// endpoints (goto reject), or with endpoints on other nodes only under a
+// Local policy (goto drop).
+//
+// Source NAT, after routing:
+//
+//	chain nat-postrouting (priority srcnat)
+//	    ip daddr != <cluster CIDR> fib daddr type != local snat ip to ip saddr map @pod-snat4
+//	    meta mark & <masq> != 0 meta mark set meta mark & ~<masq> masquerade fully-random
+//	    ct status dnat ip saddr . ip daddr @hairpin4 masquerade fully-random
+//
+// A pod with its own external IP leaves with it (@pod-snat4), marked traffic
+// is masqueraded, and so is a pod that reached itself through its Service
+// (@hairpin4 holds each endpoint . itself).
 //
 // Dispatch is one hash lookup whatever the number of Services, and an
-// endpoint is picked by one numgen + map lookup: connection cost does not grow
-// with the number of Services or endpoints.
+// endpoint is picked by one numgen and one map lookup: the cost of a
+// connection does not grow with the number of Services or endpoints.
 package nft

@@ -85,7 +85,7 @@ func readKernel(netnsFD int, t *nftables.Table) (*kernelTable, error) {
 		return nil, err
 	}
 	for _, s := range k.sets {
-		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.flags&unix.NFT_SET_ANONYMOUS != 0})
+		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.anonymous()})
 		if err != nil {
 			return nil, fmt.Errorf("set %s: %w", s.name, err)
 		}
@@ -112,6 +112,9 @@ type setDecl struct {
 const nftVerdictType = 0xffffff00
 
 func (s *setDecl) isMap() bool { return s.flags&unix.NFT_SET_MAP != 0 }
+
+// anonymous sets belong to one rule and are printed inside it.
+func (s *setDecl) anonymous() bool { return s.flags&unix.NFT_SET_ANONYMOUS != 0 }
 
 // listSets reads the declarations of the table's sets. It asks the kernel
 // directly: github.com/google/nftables loses the key type of verdict maps.

@@ -37,7 +37,7 @@ func (k *kernelTable) text(o textOptions) string {
 	var blocks []string
 	skipped := 0
 	for _, s := range k.sets {
-		if s.flags&unix.NFT_SET_ANONYMOUS != 0 {
+		if s.anonymous() {
 			continue // printed inline by the rules that use them
 		}
 		if o.skipEmptyShards && strings.HasPrefix(s.name, "endpoints") && len(k.elems[s.name]) == 0 {
