@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/onehop/onehop/external/ipam"
 	"github.com/onehop/onehop/portal"
@@ -21,7 +22,9 @@ const (
 	// AnnotationAddressPool names the pool to allocate from.
 	AnnotationAddressPool = "onehop.io/address-pool"
 	// AnnotationAllowSharedIP is a sharing key: Services with the same key
-	// may share an IP when their ports don't collide.
+	// may share an IP when their ports don't collide, they are in one
+	// namespace (unless the pool shares across namespaces) and their
+	// traffic policies agree (Local ones selecting the same pods).
 	AnnotationAllowSharedIP = "onehop.io/allow-shared-ip"
 	// AnnotationExternalIP on a Pod gives it its own external IP.
 	AnnotationExternalIP = "onehop.io/external-ip"
@@ -50,6 +53,11 @@ func requestFor(svc *corev1.Service) (ipam.Request, error) {
 		Pool:       strings.TrimSpace(svc.Annotations[AnnotationAddressPool]),
 		SharingKey: strings.TrimSpace(svc.Annotations[AnnotationAllowSharedIP]),
 		RequireAll: svc.Spec.IPFamilyPolicy != nil && *svc.Spec.IPFamilyPolicy == corev1.IPFamilyPolicyRequireDualStack,
+		Labels:     svc.Labels,
+		Local:      svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
+	}
+	if len(svc.Spec.Selector) > 0 {
+		req.Selector = labels.SelectorFromSet(svc.Spec.Selector).String()
 	}
 	for _, f := range svc.Spec.IPFamilies {
 		if f == corev1.IPv6Protocol {

@@ -2,8 +2,11 @@ package external
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onehop/onehop/external/bgp"
 	"github.com/onehop/onehop/external/ipam"
@@ -20,7 +23,8 @@ type Config struct {
 	// onehop then only handles class onehop.io/lb.
 	ClasslessIgnored bool `json:"classlessIgnored,omitempty"`
 	// ExternalIPCIDRs are where spec.externalIPs and pod external IPs may be
-	// (the agent's --external-ip-cidrs). Pool addresses are always allowed.
+	// (the agent's --external-ip-cidrs, which the dataplane also enforces).
+	// Pod external IPs may also be in pools with AllowPods.
 	ExternalIPCIDRs []string `json:"externalIPCIDRs,omitempty"`
 	// LeaseNamespace holds the allocator's and the L2 liveness Leases
 	// (default kube-system).
@@ -41,12 +45,33 @@ type Config struct {
 type PoolConfig struct {
 	Name string `json:"name"`
 	// Addresses are CIDRs ("192.0.2.0/24"), ranges ("192.0.2.10-192.0.2.20")
-	// or single addresses, IPv4 and IPv6.
+	// or single addresses, IPv4 and IPv6. An IPv4 CIDR of /30 or larger
+	// does not hand out its network and broadcast addresses, an IPv6 CIDR
+	// of /126 or larger not its first (Subnet-Router anycast) address,
+	// unless KeepNetworkAndBroadcast.
 	Addresses []string `json:"addresses"`
 	// AutoAssign (default true) lets Services that name no pool use it.
+	// Pools with AllowPods are never auto-assigned.
 	AutoAssign *bool `json:"autoAssign,omitempty"`
 	// AllowPods lets Pods claim its addresses with onehop.io/external-ip.
 	AllowPods bool `json:"allowPods,omitempty"`
+
+	// Namespaces, when set, are the only namespaces whose Services may
+	// use the pool (auto-assigned, named, or by requested address).
+	Namespaces []string `json:"namespaces,omitempty"`
+	// ServiceSelectors, when set, admit only the Services whose labels
+	// match one of them.
+	ServiceSelectors []metav1.LabelSelector `json:"serviceSelectors,omitempty"`
+	// Priority orders auto-assignment between the pools that admit a
+	// Service: lower values first; pools without a priority come last, in
+	// configuration order.
+	Priority *int `json:"priority,omitempty"`
+	// ShareAcrossNamespaces lets Services of different namespaces share an
+	// address under one onehop.io/allow-shared-ip key; by default a key
+	// joins only Services of one namespace.
+	ShareAcrossNamespaces bool `json:"shareAcrossNamespaces,omitempty"`
+	// KeepNetworkAndBroadcast hands out every address of the pool's CIDRs.
+	KeepNetworkAndBroadcast bool `json:"keepNetworkAndBroadcast,omitempty"`
 }
 
 // LeaseTiming are leader-election durations.
@@ -108,8 +133,22 @@ func (c Config) parse() (*parsed, error) {
 	}
 	p.LeaderLease = p.LeaderLease.withDefaults()
 	for _, pc := range c.Pools {
-		auto := pc.AutoAssign == nil || *pc.AutoAssign
-		pool, err := ipam.NewPool(pc.Name, pc.Addresses, auto, pc.AllowPods)
+		o := ipam.PoolOptions{
+			AutoAssign: pc.AutoAssign == nil || *pc.AutoAssign, AllowPods: pc.AllowPods,
+			Namespaces: pc.Namespaces, Priority: math.MaxInt,
+			ShareAcrossNamespaces: pc.ShareAcrossNamespaces, KeepNetworkAndBroadcast: pc.KeepNetworkAndBroadcast,
+		}
+		if pc.Priority != nil {
+			o.Priority = *pc.Priority
+		}
+		for i := range pc.ServiceSelectors {
+			sel, err := metav1.LabelSelectorAsSelector(&pc.ServiceSelectors[i])
+			if err != nil {
+				return nil, fmt.Errorf("pool %q: serviceSelectors[%d]: %w", pc.Name, i, err)
+			}
+			o.Selectors = append(o.Selectors, sel)
+		}
+		pool, err := ipam.NewPool(pc.Name, pc.Addresses, o)
 		if err != nil {
 			return nil, err
 		}
@@ -128,8 +167,9 @@ func (c Config) parse() (*parsed, error) {
 	return p, nil
 }
 
-// externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs or
-// any pool.
+// externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs
+// only, as the dataplane does (--external-ip-cidrs); pool addresses are the
+// allocator's to hand out.
 func (p *parsed) externalIPAllowed(a netip.Addr) bool { return p.allowed(a, false) }
 
 // podIPAllowed: pod external IPs inside ExternalIPCIDRs or a pool with
@@ -144,7 +184,7 @@ func (p *parsed) allowed(a netip.Addr, pods bool) bool {
 		}
 	}
 	for i := range p.pools {
-		if (!pods || p.pools[i].AllowPods) && p.pools[i].Contains(a) {
+		if pods && p.pools[i].AllowPods && p.pools[i].Contains(a) {
 			return true
 		}
 	}

@@ -5,26 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/onehop/onehop/external/bgp"
-	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/portal"
 )
@@ -58,14 +51,22 @@ type Hook struct {
 	wake        chan struct{}
 	notifier    *webhook.Notifier
 	identity    string
-	mu          sync.Mutex
-	programmed  map[netip.Addr]programmed
+
+	// regMu guards the registry and its last answer.
+	regMu    sync.Mutex
+	registry *registry
+	own      *ownership
+
+	mu sync.Mutex
+	// programmed is what this node's dataplane serves, per address and
+	// Service (Programmed).
+	programmed map[served]programmed
 	// podProgrammed are the pod external IPs the dataplane maps.
 	podProgrammed map[netip.Addr]bool
 	leader        bool
 	alloc         *allocator
-	// reported are the refused spec.externalIPs already given an event in
-	// this leadership term.
+	// reported are the refusals already given an event in this leadership
+	// term.
 	reported map[string]bool
 }
 
@@ -84,7 +85,7 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 		}
 	}
 	h := &Hook{cfg: p, client: client, node: nodeName, log: log, wake: make(chan struct{}, 1),
-		programmed: map[netip.Addr]programmed{}, identity: nodeName}
+		programmed: map[served]programmed{}, identity: nodeName, registry: newRegistry(p)}
 	h.factory = informers.NewSharedInformerFactory(client, 0)
 	h.services = h.factory.Core().V1().Services().Informer()
 	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
@@ -109,28 +110,25 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 func (h *Hook) AddProvider(p Provider) { h.extra = append(h.extra, p) }
 
 // Programmed tells the hook what this node's dataplane holds now; call it
-// after every successful sync. Only IPs programmed here are announced from
-// here. It reads snap during the call and keeps nothing of it.
+// after every successful sync. An IP is announced from here only when this
+// dataplane serves it for every Service that rightfully holds it. It reads
+// snap during the call and keeps nothing of it.
 func (h *Hook) Programmed(snap *portal.Snapshot) {
-	m := map[netip.Addr]programmed{}
+	m := map[served]programmed{}
 	for _, svc := range snap.Services {
 		for _, pt := range svc.Portals {
 			for _, ips := range [][]netip.Addr{pt.LoadBalancerIPs, pt.ExternalIPs} {
 				for _, ip := range ips {
-					p := m[ip]
+					k := served{ip, svc.Key}
+					p := m[k]
 					p.anyEndpoint = p.anyEndpoint || len(pt.ClusterEndpoints) > 0
 					p.localEndpoint = p.localEndpoint || len(pt.LocalEndpoints) > 0
-					m[ip] = p
+					m[k] = p
 				}
 			}
 		}
 	}
 	h.mu.Lock()
-	for ip := range h.podProgrammed {
-		p := m[ip]
-		p.pod = true
-		m[ip] = p
-	}
 	h.programmed = m
 	h.mu.Unlock()
 	h.poke()
@@ -141,36 +139,25 @@ func (h *Hook) Programmed(snap *portal.Snapshot) {
 // the dataplane serves them. A pod external IP is announced from its pod's
 // node only after that.
 func (h *Hook) ProgrammedPodIPs(ips []netip.Addr) {
-	h.mu.Lock()
-	h.podProgrammed = map[netip.Addr]bool{}
-	m := maps.Clone(h.programmed)
-	for ip, p := range m {
-		p.pod = false
-		m[ip] = p
-	}
+	m := map[netip.Addr]bool{}
 	for _, ip := range ips {
-		h.podProgrammed[ip] = true
-		p := m[ip]
-		p.pod = true
-		m[ip] = p
+		m[ip] = true
 	}
-	h.programmed = m
+	h.mu.Lock()
+	h.podProgrammed = m
 	h.mu.Unlock()
 	h.poke()
 }
 
-// PodExternalIPs returns the current pod external IP mappings (nil unless
-// podExternalIPs is on), for the dataplane.
+// PodExternalIPs returns the current pod external IP mappings, sorted by
+// IP (nil unless podExternalIPs is on), for the dataplane: only Pods that
+// rightfully hold their address.
 func (h *Hook) PodExternalIPs() []PodExternalIP {
 	if h.pods == nil {
 		return nil
 	}
-	var pods []*corev1.Pod
-	for _, o := range h.pods.GetStore().List() {
-		pods = append(pods, o.(*corev1.Pod))
-	}
-	out, _ := PodExternalIPs(pods, h.cfg.podIPAllowed)
-	return out
+	own, _ := h.resolve()
+	return own.pods
 }
 
 // PodsChanged is signalled when a Pod changed, so that the dataplane can
@@ -314,107 +301,6 @@ func (h *Hook) nodeAddrs(name string) []netip.Addr {
 	return out
 }
 
-func (h *Hook) startProviders(ctx context.Context) error {
-	if c := h.cfg.BGP; c != nil {
-		var internal []netip.Addr
-		if obj, ok, _ := h.nodes.GetStore().GetByKey(h.node); ok {
-			for _, a := range obj.(*corev1.Node).Status.Addresses {
-				if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP {
-					internal = append(internal, ip)
-				}
-			}
-		}
-		sp, err := bgp.NewSpeaker(*c, internal, h.log.With("provider", "bgp"))
-		if err != nil {
-			return err
-		}
-		if err := sp.Start(ctx); err != nil {
-			return err
-		}
-		h.providers = append(h.providers, &bgpProvider{sp: sp})
-	}
-	if c := h.cfg.L2; c != nil {
-		ifaces := c.Interfaces
-		if len(ifaces) == 0 {
-			name, err := interfaceOf(h.nodeAddrs(h.node))
-			if err != nil {
-				return err
-			}
-			ifaces = []string{name}
-		}
-		r, err := l2.NewResponder(ifaces, h.log.With("provider", "l2"))
-		if err != nil {
-			return err
-		}
-		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
-		h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
-		h.providers = append(h.providers, &l2Provider{r: r})
-	}
-	if c := h.cfg.Webhook; c != nil {
-		n, err := webhook.New(*c, h.log.With("provider", "webhook"), h.webhookFailed, nil)
-		if err != nil {
-			return err
-		}
-		h.notifier = n
-		h.providers = append(h.providers, &webhookProvider{n: n})
-	}
-	h.providers = append(h.providers, h.extra...)
-	return nil
-}
-
-// webhookFailed puts an event on the Service (first and every 5th attempt).
-func (h *Hook) webhookFailed(service string, err error, attempt int) {
-	if attempt != 1 && attempt%5 != 0 {
-		return
-	}
-	obj, ok, _ := h.services.GetStore().GetByKey(service) // "namespace/name", as the store keys
-	if !ok {
-		return
-	}
-	h.rec.Eventf(obj.(*corev1.Service), corev1.EventTypeWarning, "WebhookFailed", "attempt %d: %v", attempt, err)
-}
-
-func (h *Hook) state() *State {
-	in := targetInput{}
-	for _, o := range h.services.GetStore().List() {
-		in.services = append(in.services, o.(*corev1.Service))
-	}
-	for _, o := range h.slices.GetStore().List() {
-		in.slices = append(in.slices, o.(*discoveryv1.EndpointSlice))
-	}
-	for _, o := range h.nodes.GetStore().List() {
-		in.nodes = append(in.nodes, o.(*corev1.Node))
-	}
-	h.mu.Lock()
-	leader := h.leader
-	prog := h.programmed
-	h.mu.Unlock()
-	if h.pods != nil {
-		var pods []*corev1.Pod
-		for _, o := range h.pods.GetStore().List() {
-			pods = append(pods, o.(*corev1.Pod))
-		}
-		var refusals []PodRefusal
-		in.pods, refusals = PodExternalIPs(pods, h.cfg.podIPAllowed)
-		if leader {
-			for _, r := range refusals {
-				h.rec.Event(r.Pod, corev1.EventTypeWarning, r.Reason, r.Msg)
-			}
-		}
-	}
-	if leader {
-		h.reportExternalIPs(in.services)
-	}
-	st := &State{Node: h.node, Leader: leader, Targets: h.cfg.targets(in), NodeAddresses: map[string][]netip.Addr{}, programmed: prog}
-	for _, n := range in.nodes {
-		st.NodeAddresses[n.Name] = h.nodeAddrs(n.Name)
-	}
-	if h.liveness != nil {
-		st.alive = h.liveness.alive
-	}
-	return st
-}
-
 // fingerprint: providers are called again only when something they can see
 // changed (including liveness and what this node serves).
 func fingerprint(s *State) string {
@@ -430,108 +316,4 @@ func fingerprint(s *State) string {
 	}
 	b = fmt.Appendf(b, "%v", s.NodeAddresses)
 	return string(b)
-}
-
-func (h *Hook) allocEnqueue(o any) {
-	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
-		o = d.Obj
-	}
-	svc, ok := o.(*corev1.Service)
-	if !ok {
-		return
-	}
-	h.mu.Lock()
-	a := h.alloc
-	h.mu.Unlock()
-	if a != nil {
-		a.enqueue(svc)
-	}
-}
-
-// lead campaigns for the allocator Lease until ctx ends; while leader it
-// runs the allocator and lets the webhook send.
-func (h *Hook) lead(ctx context.Context) {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metaOf(h.cfg.LeaseNamespace, AllocatorLeaseName),
-		Client:     h.client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: h.identity},
-	}
-	t := h.cfg.LeaderLease
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: lock, LeaseDuration: t.Duration.Duration, RenewDeadline: t.RenewDeadline.Duration, RetryPeriod: t.RetryPeriod.Duration,
-			ReleaseOnCancel: true, Name: AllocatorLeaseName,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: h.leading,
-				OnStoppedLeading: func() {
-					h.mu.Lock()
-					h.leader, h.alloc, h.reported = false, nil, nil
-					h.mu.Unlock()
-					h.log.Info("external: lost allocator lease", "node", h.node)
-					h.poke()
-				},
-			},
-		})
-		if err != nil {
-			h.log.Error("external: leader election", "err", err)
-			return
-		}
-		le.Run(ctx)
-	}
-}
-
-func (h *Hook) leading(ctx context.Context) {
-	h.log.Info("external: holding allocator lease", "node", h.node)
-	var a *allocator
-	if len(h.cfg.pools) > 0 {
-		var err error
-		a, err = newAllocator(h.cfg, h.client, h.factory.Core().V1().Services().Lister(), h.rec, h.log.With("component", "ipam"))
-		if err != nil {
-			h.log.Error("external: allocator", "err", err)
-			return
-		}
-		if err := a.rebuild(); err != nil {
-			h.log.Error("external: rebuild allocation state", "err", err)
-			return
-		}
-	}
-	h.mu.Lock()
-	h.leader, h.alloc = true, a
-	h.mu.Unlock()
-	h.poke()
-	if a != nil {
-		a.run(ctx)
-	} else {
-		<-ctx.Done()
-	}
-}
-
-func metaOf(namespace, name string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Namespace: namespace, Name: name}
-}
-
-// reportExternalIPs puts one event per leadership term on each Service for
-// each spec.externalIPs entry outside ExternalIPCIDRs and the pools (the
-// dataplane does not serve those).
-func (h *Hook) reportExternalIPs(svcs []*corev1.Service) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.reported == nil {
-		h.reported = map[string]bool{}
-	}
-	for _, svc := range svcs {
-		for _, s := range svc.Spec.ExternalIPs {
-			a, err := netip.ParseAddr(s)
-			if err == nil && h.cfg.externalIPAllowed(a) {
-				continue
-			}
-			k := string(svc.UID) + "/" + s
-			if h.reported[k] {
-				continue
-			}
-			h.reported[k] = true
-			h.rec.Eventf(svc, corev1.EventTypeWarning, "ExternalIPNotAllowed",
-				"spec.externalIPs %q is outside --external-ip-cidrs and the address pools; it is not served", s)
-		}
-	}
 }

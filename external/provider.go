@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"slices"
+
+	"github.com/onehop/onehop/portal"
 )
 
 // Provider points provider forwarding (a router, an L2 segment, a cloud
@@ -26,20 +28,26 @@ type State struct {
 	// wide providers (webhook) act only then.
 	Leader bool
 	// Targets are all external IPs with the nodes that should receive them,
-	// sorted by IP. An IP shared by several Services appears once per
-	// Service.
+	// sorted by IP, for their rightful holders only. An IP shared by
+	// several Services appears once per Service.
 	Targets []Target
 	// NodeAddresses are every node's InternalIP and ExternalIP addresses.
 	NodeAddresses map[string][]netip.Addr
 
-	programmed map[netip.Addr]programmed
+	// programmed is what this node's dataplane serves, per address and
+	// Service; podIPs the pod external IPs it maps.
+	programmed map[served]programmed
+	podIPs     map[netip.Addr]bool
 	alive      func(node string) bool
 }
 
-type programmed struct {
-	anyEndpoint, localEndpoint bool
-	pod                        bool // a pod external IP mapping (ProgrammedPodIPs)
+// served names one Service's use of one address.
+type served struct {
+	ip  netip.Addr
+	svc portal.ServiceKey
 }
+
+type programmed struct{ anyEndpoint, localEndpoint bool }
 
 // IPs returns the distinct target IPs, sorted.
 func (s *State) IPs() []netip.Addr {
@@ -52,39 +60,52 @@ func (s *State) IPs() []netip.Addr {
 	return out
 }
 
-// Eligible returns the nodes that should receive ip (the union over the
-// Services sharing it), sorted.
+// Eligible returns the nodes that should receive ip: those that serve every
+// Service holding it (the intersection: a node serving only some of them
+// would black-hole the others' clients), sorted.
 func (s *State) Eligible(ip netip.Addr) []string {
 	var out []string
+	first := true
 	for _, t := range s.Targets {
-		if t.IP == ip {
-			out = append(out, t.Nodes...)
+		if t.IP != ip {
+			continue
 		}
+		if first {
+			out, first = slices.Clone(t.Nodes), false
+			continue
+		}
+		out = slices.DeleteFunc(out, func(n string) bool { return !slices.Contains(t.Nodes, n) })
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
-// Serves reports whether this node should announce ip now: the cluster
-// state names it, and its own dataplane has programmed ip (with a local
+// Serves reports whether this node should announce ip now: for every holder
+// of ip (each Service sharing it, or its Pod) the cluster state names this
+// node, and its own dataplane has programmed ip for that holder (with a local
 // endpoint, under the Local policy).
 func (s *State) Serves(ip netip.Addr) bool {
-	ok := false
+	found := false
 	for _, t := range s.Targets {
-		if t.IP != ip || !slices.Contains(t.Nodes, s.Node) {
+		if t.IP != ip {
 			continue
 		}
-		p, prog := s.programmed[ip]
+		found = true
+		if !slices.Contains(t.Nodes, s.Node) {
+			return false
+		}
 		if t.Pod {
-			ok = ok || prog && p.pod
+			if !s.podIPs[ip] {
+				return false
+			}
 			continue
 		}
+		p, prog := s.programmed[served{ip, t.Service}]
 		if !prog || !p.anyEndpoint && !p.localEndpoint || t.Local && !p.localEndpoint {
-			continue
+			return false
 		}
-		ok = true
 	}
-	return ok
+	return found
 }
 
 // Alive reports whether node's agent is alive (L2 liveness Leases); true

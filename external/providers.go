@@ -5,6 +5,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/onehop/onehop/external/bgp"
 	"github.com/onehop/onehop/external/l2"
@@ -119,4 +122,64 @@ func webhookPayloads(s *State) []webhook.Payload {
 		out = append(out, *by[n])
 	}
 	return out
+}
+
+func (h *Hook) startProviders(ctx context.Context) error {
+	if c := h.cfg.BGP; c != nil {
+		var internal []netip.Addr
+		if obj, ok, _ := h.nodes.GetStore().GetByKey(h.node); ok {
+			for _, a := range obj.(*corev1.Node).Status.Addresses {
+				if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP {
+					internal = append(internal, ip)
+				}
+			}
+		}
+		sp, err := bgp.NewSpeaker(*c, internal, h.log.With("provider", "bgp"))
+		if err != nil {
+			return err
+		}
+		if err := sp.Start(ctx); err != nil {
+			return err
+		}
+		h.providers = append(h.providers, &bgpProvider{sp: sp})
+	}
+	if c := h.cfg.L2; c != nil {
+		ifaces := c.Interfaces
+		if len(ifaces) == 0 {
+			name, err := interfaceOf(h.nodeAddrs(h.node))
+			if err != nil {
+				return err
+			}
+			ifaces = []string{name}
+		}
+		r, err := l2.NewResponder(ifaces, h.log.With("provider", "l2"))
+		if err != nil {
+			return err
+		}
+		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+		h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
+		h.providers = append(h.providers, &l2Provider{r: r})
+	}
+	if c := h.cfg.Webhook; c != nil {
+		n, err := webhook.New(*c, h.log.With("provider", "webhook"), h.webhookFailed, nil)
+		if err != nil {
+			return err
+		}
+		h.notifier = n
+		h.providers = append(h.providers, &webhookProvider{n: n})
+	}
+	h.providers = append(h.providers, h.extra...)
+	return nil
+}
+
+// webhookFailed puts an event on the Service (first and every 5th attempt).
+func (h *Hook) webhookFailed(service string, err error, attempt int) {
+	if attempt != 1 && attempt%5 != 0 {
+		return
+	}
+	obj, ok, _ := h.services.GetStore().GetByKey(service) // "namespace/name", as the store keys
+	if !ok {
+		return
+	}
+	h.rec.Eventf(obj.(*corev1.Service), corev1.EventTypeWarning, "WebhookFailed", "attempt %d: %v", attempt, err)
 }

@@ -71,13 +71,16 @@ type targetInput struct {
 	services []*corev1.Service
 	slices   []*discoveryv1.EndpointSlice
 	nodes    []*corev1.Node
-	pods     []PodExternalIP
+	// own says who rightfully holds each address (registry).
+	own *ownership
 }
 
 // targets computes, for every external IP onehop is responsible for, the
-// nodes that should receive it: load-balancer IPs of managed Services,
-// allowed spec.externalIPs of any Service, and pod external IPs.
-func (p *parsed) targets(in targetInput) []Target {
+// nodes that should receive it, for its rightful holders only (the
+// registry's answer): load-balancer IPs of managed Services, spec.externalIPs
+// that are allowed and not held by someone else, and pod external IPs. A
+// Service that merely names an address another holds gets no target for it.
+func targets(in targetInput) []Target {
 	nodes := map[string]*corev1.Node{}
 	var cluster []string
 	for _, n := range in.nodes {
@@ -116,19 +119,11 @@ func (p *parsed) targets(in targetInput) []Target {
 		if svc.DeletionTimestamp != nil {
 			continue
 		}
-		var ips []netip.Addr
-		if p.managed(svc) {
-			ips = append(ips, statusIPs(svc)...)
-		}
-		for _, s := range svc.Spec.ExternalIPs {
-			if a, err := netip.ParseAddr(s); err == nil && p.externalIPAllowed(a) {
-				ips = append(ips, a.Unmap())
-			}
-		}
+		k := keyOf(svc)
+		ips := append(slices.Clone(in.own.lb[k]), in.own.external[k]...)
 		if len(ips) == 0 {
 			continue
 		}
-		k := keyOf(svc)
 		local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 		var serving []string
 		switch {
@@ -155,7 +150,7 @@ func (p *parsed) targets(in targetInput) []Target {
 			})
 		}
 	}
-	for _, pe := range in.pods {
+	for _, pe := range in.own.pods {
 		var ns []string
 		if nodeAlive(nodes[pe.NodeName]) {
 			ns = []string{pe.NodeName}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -63,14 +64,17 @@ func TestTargets(t *testing.T) {
 	ext.Spec.ExternalIPs = []string{"198.51.100.7", "203.0.113.1"} // second one not allowed
 	foreign := lbService("foreign", false, "192.0.2.9")
 	foreign.Spec.LoadBalancerClass = &other
+	svcs := []*corev1.Service{
+		lbService("cluster", false, "192.0.2.1"),
+		lbService("local", true, "192.0.2.2"),
+		lbService("noeps", false, "192.0.2.3"),
+		ext, foreign,
+	}
+	pods := []*corev1.Pod{pod("p", "198.51.100.50", metav1.Now(), "b", "10.244.1.5")}
 	in := targetInput{
-		nodes: nodes,
-		services: []*corev1.Service{
-			lbService("cluster", false, "192.0.2.1"),
-			lbService("local", true, "192.0.2.2"),
-			lbService("noeps", false, "192.0.2.3"),
-			ext, foreign,
-		},
+		nodes:    nodes,
+		services: svcs,
+		own:      newRegistry(cfg).resolve(registryInput{services: svcs, nodes: nodes, pods: pods}),
 		slices: []*discoveryv1.EndpointSlice{
 			slice("cluster", map[string]bool{"a": true}),
 			slice("local", map[string]bool{"b": true, "cordoned": true, "notready": true, "a": false}),
@@ -78,10 +82,9 @@ func TestTargets(t *testing.T) {
 			slice("ext", map[string]bool{"b": true}),
 			slice("foreign", map[string]bool{"b": true}),
 		},
-		pods: []PodExternalIP{{IP: netip.MustParseAddr("198.51.100.50"), Pod: portal.ServiceKey{Namespace: "ns", Name: "p"}, NodeName: "b"}},
 	}
 	got := map[string][]string{}
-	for _, tg := range cfg.targets(in) {
+	for _, tg := range targets(in) {
 		got[tg.IP.String()] = tg.Nodes
 	}
 	want := map[string][]string{
@@ -103,27 +106,47 @@ func TestTargets(t *testing.T) {
 
 func TestStateServes(t *testing.T) {
 	ip := netip.MustParseAddr("192.0.2.1")
-	st := func(local bool, nodes []string, prog map[netip.Addr]programmed) *State {
-		return &State{Node: "a", Targets: []Target{{IP: ip, Local: local, Nodes: nodes}}, programmed: prog}
+	a, b := portal.ServiceKey{Namespace: "ns", Name: "a"}, portal.ServiceKey{Namespace: "ns", Name: "b"}
+	st := func(local bool, nodes []string, prog map[served]programmed) *State {
+		return &State{Node: "a", Targets: []Target{{IP: ip, Service: a, Local: local, Nodes: nodes}}, programmed: prog}
+	}
+	both := func(prog map[served]programmed) *State {
+		return &State{Node: "a", Targets: []Target{{IP: ip, Service: a, Nodes: []string{"a", "b"}}, {IP: ip, Service: b, Nodes: []string{"a"}}}, programmed: prog}
 	}
 	for _, tc := range []struct {
 		name  string
 		s     *State
 		serve bool
 	}{
-		{"eligible and programmed", st(false, []string{"a", "b"}, map[netip.Addr]programmed{ip: {anyEndpoint: true}}), true},
+		{"eligible and programmed", st(false, []string{"a", "b"}, map[served]programmed{{ip, a}: {anyEndpoint: true}}), true},
 		{"not programmed yet", st(false, []string{"a"}, nil), false},
-		{"programmed without endpoints", st(false, []string{"a"}, map[netip.Addr]programmed{ip: {}}), false},
-		{"not eligible", st(false, []string{"b"}, map[netip.Addr]programmed{ip: {anyEndpoint: true}}), false},
-		{"local without local endpoint in kernel", st(true, []string{"a"}, map[netip.Addr]programmed{ip: {anyEndpoint: true}}), false},
-		{"local with local endpoint", st(true, []string{"a"}, map[netip.Addr]programmed{ip: {anyEndpoint: true, localEndpoint: true}}), true},
+		{"programmed without endpoints", st(false, []string{"a"}, map[served]programmed{{ip, a}: {}}), false},
+		{"programmed for another Service only", st(false, []string{"a"}, map[served]programmed{{ip, b}: {anyEndpoint: true, localEndpoint: true}}), false},
+		{"not eligible", st(false, []string{"b"}, map[served]programmed{{ip, a}: {anyEndpoint: true}}), false},
+		{"local without local endpoint in kernel", st(true, []string{"a"}, map[served]programmed{{ip, a}: {anyEndpoint: true}}), false},
+		{"local with local endpoint", st(true, []string{"a"}, map[served]programmed{{ip, a}: {anyEndpoint: true, localEndpoint: true}}), true},
+		{"shared: both holders programmed", both(map[served]programmed{{ip, a}: {anyEndpoint: true}, {ip, b}: {anyEndpoint: true}}), true},
+		{"shared: one holder not programmed here", both(map[served]programmed{{ip, a}: {anyEndpoint: true}}), false},
 		{"pod IP not mapped here yet", &State{Node: "a", Targets: []Target{{IP: ip, Pod: true, Nodes: []string{"a"}}}}, false},
-		{"pod IP mapped", &State{Node: "a", Targets: []Target{{IP: ip, Pod: true, Nodes: []string{"a"}}}, programmed: map[netip.Addr]programmed{ip: {pod: true}}}, true},
+		{"pod IP mapped", &State{Node: "a", Targets: []Target{{IP: ip, Pod: true, Nodes: []string{"a"}}}, podIPs: map[netip.Addr]bool{ip: true}}, true},
+		{"no target", &State{Node: "a", programmed: map[served]programmed{{ip, a}: {anyEndpoint: true}}}, false},
 	} {
 		if got := tc.s.Serves(ip); got != tc.serve {
 			t.Errorf("%s: Serves %v, want %v", tc.name, got, tc.serve)
 		}
 	}
+	if got := both(nil).Eligible(ip); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Eligible of a shared IP: %v, want the nodes serving both Services [a]", got)
+	}
+}
+
+func pod(name, ip string, created metav1.Time, node, podIP string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("pod-" + name), CreationTimestamp: created,
+		Annotations: map[string]string{AnnotationExternalIP: ip}}, Spec: corev1.PodSpec{NodeName: node}}
+	if podIP != "" {
+		p.Status.PodIPs = []corev1.PodIP{{IP: podIP}}
+	}
+	return p
 }
 
 func TestPodExternalIPs(t *testing.T) {
@@ -133,17 +156,9 @@ func TestPodExternalIPs(t *testing.T) {
 	}
 	t0 := metav1.Now()
 	t1 := metav1.NewTime(t0.Add(1e9))
-	pod := func(name, ip string, created metav1.Time, node, podIP string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, CreationTimestamp: created,
-			Annotations: map[string]string{AnnotationExternalIP: ip}}, Spec: corev1.PodSpec{NodeName: node}}
-		if podIP != "" {
-			p.Status.PodIPs = []corev1.PodIP{{IP: podIP}}
-		}
-		return p
-	}
 	done := pod("done", "192.0.2.5", t0, "a", "10.244.0.9")
 	done.Status.Phase = corev1.PodSucceeded
-	got, refused := PodExternalIPs([]*corev1.Pod{
+	own := newRegistry(cfg).resolve(registryInput{pods: []*corev1.Pod{
 		pod("young", "192.0.2.1", t1, "b", "10.244.1.2"),
 		pod("old", "192.0.2.1", t0, "a", "10.244.0.2"),
 		pod("lbpool", "192.0.2.17", t0, "a", "10.244.0.3"),
@@ -151,14 +166,15 @@ func TestPodExternalIPs(t *testing.T) {
 		pod("pending", "192.0.2.2", t0, "", ""),
 		pod("v6only", "192.0.2.3", t0, "a", "fd00::3"),
 		done,
-	}, cfg.podIPAllowed)
+	}})
+	got, refused := own.pods, own.refusals
 	want := []PodExternalIP{{IP: netip.MustParseAddr("192.0.2.1"), PodIP: netip.MustParseAddr("10.244.0.2"), Pod: portal.ServiceKey{Namespace: "ns", Name: "old"}, NodeName: "a"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("mapped %v, want %v", got, want)
 	}
 	reasons := map[string]string{}
 	for _, r := range refused {
-		reasons[r.Pod.Name] = r.Reason
+		reasons[r.obj.GetName()] = r.reason
 	}
 	wantR := map[string]string{"young": "ExternalIPConflict", "lbpool": "ExternalIPNotAllowed", "bad": "BadAnnotation"}
 	if len(reasons) != len(wantR) {

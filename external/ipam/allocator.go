@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -35,6 +36,16 @@ type Request struct {
 	// ports do not collide; "" means the IP is the Service's alone.
 	SharingKey string
 	Ports      []Port
+	// Labels are the Service's labels, matched against pools' selectors.
+	Labels map[string]string
+	// Local is externalTrafficPolicy: Local. Services share an address
+	// only when their policies agree and, when Local, when they select the
+	// same pods (Selector), so that the nodes serving the address serve
+	// every Service on it.
+	Local bool
+	// Selector is the Service's pod selector in canonical form ("" when
+	// it has none).
+	Selector string
 }
 
 // Reason classifies a refusal; it is used as the Kubernetes event reason.
@@ -47,6 +58,9 @@ const (
 	ReasonNotInPool   Reason = "IPNotInPool"
 	ReasonUnknownPool Reason = "UnknownPool"
 	ReasonBadRequest  Reason = "BadRequest"
+	// ReasonPoolNotAllowed: the pool does not serve the Service's
+	// namespace or labels.
+	ReasonPoolNotAllowed Reason = "PoolNotAllowed"
 )
 
 // Error is a refusal with a reason and a message meant for users.
@@ -63,7 +77,14 @@ func refuse(r Reason, format string, a ...any) *Error {
 
 type use struct {
 	key     string
-	holders map[portal.ServiceKey][]Port
+	holders map[portal.ServiceKey]holder
+}
+
+// holder is what sharing compares between the Services on one address.
+type holder struct {
+	ports    []Port
+	local    bool
+	selector string
 }
 
 // Allocator tracks which Service holds which IP. It is not safe for
@@ -72,6 +93,10 @@ type Allocator struct {
 	pools []Pool
 	ips   map[netip.Addr]*use
 	svcs  map[portal.ServiceKey][]netip.Addr
+	// Reserved, when set, names who else holds ip (a node, a cluster IP,
+	// a Service's spec.externalIPs, a Pod), or returns "" when nobody
+	// does. Reserved addresses are neither handed out nor kept.
+	Reserved func(ip netip.Addr) string
 }
 
 // New returns an empty allocator over pools. Pool names must be unique and
@@ -167,8 +192,14 @@ func (a *Allocator) Assign(req Request) ([]netip.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if req.Pool != "" && a.pool(req.Pool) == nil {
-		return nil, refuse(ReasonUnknownPool, "address pool %q does not exist", req.Pool)
+	if req.Pool != "" {
+		p := a.pool(req.Pool)
+		if p == nil {
+			return nil, refuse(ReasonUnknownPool, "address pool %q does not exist", req.Pool)
+		}
+		if !p.Admits(req.Service.Namespace, req.Labels) {
+			return nil, refuse(ReasonPoolNotAllowed, "address pool %q does not serve this Service (namespace %s or labels not admitted)", req.Pool, req.Service.Namespace)
+		}
 	}
 	var out []netip.Addr
 	for i, f := range fams {
@@ -247,7 +278,7 @@ func (a *Allocator) pick(req Request, f portal.Family) (netip.Addr, error) {
 		if req.Pool != "" {
 			return netip.Addr{}, refuse(ReasonExhausted, "address pool %q has no %s addresses", req.Pool, f)
 		}
-		return netip.Addr{}, refuse(ReasonExhausted, "no auto-assigning address pool has %s addresses", f)
+		return netip.Addr{}, refuse(ReasonExhausted, "no auto-assigning address pool serving this Service has %s addresses", f)
 	}
 	// Prefer an IP already shared under the same key.
 	if req.SharingKey != "" {
@@ -268,7 +299,7 @@ func (a *Allocator) pick(req Request, f portal.Family) (netip.Addr, error) {
 				continue
 			}
 			for ip := r.First; ip.IsValid() && ip.Compare(r.Last) <= 0; ip = ip.Next() {
-				if _, used := a.ips[ip]; !used {
+				if _, used := a.ips[ip]; !used && a.reserved(ip) == "" {
 					return ip, nil
 				}
 			}
@@ -290,70 +321,122 @@ func inAny(pools []*Pool, ip netip.Addr) bool {
 	return false
 }
 
+// candidatePools are the named pool, or else the auto-assigning pools not
+// meant for Pods that admit the Service, by priority.
 func (a *Allocator) candidatePools(req Request, f portal.Family) []*Pool {
 	var out []*Pool
 	for i := range a.pools {
 		p := &a.pools[i]
-		if !p.HasFamily(f) {
+		if !p.HasFamily(f) || !p.Admits(req.Service.Namespace, req.Labels) {
 			continue
 		}
-		if req.Pool != "" && p.Name != req.Pool || req.Pool == "" && !p.AutoAssign {
+		if req.Pool != "" && p.Name != req.Pool || req.Pool == "" && (!p.AutoAssign || p.AllowPods) {
 			continue
 		}
 		out = append(out, p)
 	}
+	slices.SortStableFunc(out, func(x, y *Pool) int { return cmp.Compare(x.Priority, y.Priority) })
 	return out
 }
 
-// checkPool: ip must be in the named pool, or in some pool.
+func (a *Allocator) reserved(ip netip.Addr) string {
+	if a.Reserved == nil {
+		return ""
+	}
+	return a.Reserved(ip)
+}
+
+// checkPool: ip must be in the named pool, or in some pool, and that pool
+// must admit the Service.
 func (a *Allocator) checkPool(req Request, ip netip.Addr) error {
+	var p *Pool
 	if req.Pool != "" {
-		p := a.pool(req.Pool)
+		p = a.pool(req.Pool)
 		if p == nil {
 			return refuse(ReasonUnknownPool, "address pool %q does not exist", req.Pool)
 		}
 		if !p.Contains(ip) {
 			return refuse(ReasonNotInPool, "%s is not in address pool %q", ip, req.Pool)
 		}
-		return nil
-	}
-	if a.PoolOf(ip) == nil {
+	} else if p = a.PoolOf(ip); p == nil {
 		return refuse(ReasonNotInPool, "%s is in no address pool", ip)
+	}
+	if !p.Admits(req.Service.Namespace, req.Labels) {
+		return refuse(ReasonPoolNotAllowed, "%s is in address pool %q, which does not serve this Service (namespace %s or labels not admitted)", ip, p.Name, req.Service.Namespace)
 	}
 	return nil
 }
 
-// compatible: ip is free, held only by req.Service, or shareable with all
-// its other holders.
+// compatible: ip is reserved by nobody else, and free, held only by
+// req.Service, or shareable with all its other holders: the same sharing
+// key, in the same namespace unless the pool shares across namespaces, the
+// same traffic policy and, when Local, the same pod selector; no port in
+// common.
 func (a *Allocator) compatible(req Request, ip netip.Addr) error {
+	if who := a.reserved(ip); who != "" {
+		return refuse(ReasonConflict, "%s is held by %s", ip, who)
+	}
 	u := a.ips[ip]
 	if u == nil {
 		return nil
 	}
-	var others []string
+	var others []portal.ServiceKey
 	for svc := range u.holders {
 		if svc != req.Service {
-			others = append(others, svc.String())
+			others = append(others, svc)
 		}
 	}
 	if len(others) == 0 {
 		return nil
 	}
-	slices.Sort(others)
+	slices.SortFunc(others, func(x, y portal.ServiceKey) int { return strings.Compare(x.String(), y.String()) })
 	if req.SharingKey == "" || u.key != req.SharingKey {
-		return refuse(ReasonConflict, "%s is already used by %s and not shared with this Service (sharing keys differ or are unset)", ip, strings.Join(others, ", "))
+		return refuse(ReasonConflict, "%s is already used by %s and not shared with this Service (sharing keys differ or are unset)", ip, describe(req, others))
 	}
-	for svc, ports := range u.holders {
-		if svc == req.Service {
-			continue
+	p := a.PoolOf(ip)
+	for _, svc := range others {
+		h := u.holders[svc]
+		if svc.Namespace != req.Service.Namespace && (p == nil || !p.ShareAcrossNamespaces) {
+			return refuse(ReasonConflict, "%s is shared under key %q by a Service of another namespace; pool %q shares only within one namespace", ip, req.SharingKey, poolName(p))
+		}
+		if h.local != req.Local {
+			return refuse(ReasonConflict, "%s is shared with %s, whose externalTrafficPolicy differs", ip, describe(req, []portal.ServiceKey{svc}))
+		}
+		if req.Local && (req.Selector == "" || h.selector != req.Selector) {
+			return refuse(ReasonConflict, "%s is shared with %s; Services with externalTrafficPolicy Local share an address only when they select the same pods", ip, describe(req, []portal.ServiceKey{svc}))
 		}
 		for _, p := range req.Ports {
-			if slices.Contains(ports, p) {
-				return refuse(ReasonConflict, "%s is shared with %s, which already uses port %s", ip, svc, p)
+			if slices.Contains(h.ports, p) {
+				return refuse(ReasonConflict, "%s is shared with %s, which already uses port %s", ip, describe(req, []portal.ServiceKey{svc}), p)
 			}
 		}
 	}
 	return nil
+}
+
+// describe names Services for an event on req.Service's: those of other
+// namespaces only by that fact, so that no tenant learns another's names.
+func describe(req Request, svcs []portal.ServiceKey) string {
+	var names []string
+	foreign := false
+	for _, s := range svcs {
+		if s.Namespace == req.Service.Namespace {
+			names = append(names, "Service "+s.String())
+		} else {
+			foreign = true
+		}
+	}
+	if foreign {
+		names = append(names, "a Service of another namespace")
+	}
+	return strings.Join(names, ", ")
+}
+
+func poolName(p *Pool) string {
+	if p == nil {
+		return ""
+	}
+	return p.Name
 }
 
 func (a *Allocator) record(req Request, ips []netip.Addr) {
@@ -362,10 +445,10 @@ func (a *Allocator) record(req Request, ips []netip.Addr) {
 		ip = ip.Unmap()
 		u := a.ips[ip]
 		if u == nil {
-			u = &use{key: req.SharingKey, holders: map[portal.ServiceKey][]Port{}}
+			u = &use{key: req.SharingKey, holders: map[portal.ServiceKey]holder{}}
 			a.ips[ip] = u
 		}
-		u.holders[req.Service] = slices.Clone(req.Ports)
+		u.holders[req.Service] = holder{ports: slices.Clone(req.Ports), local: req.Local, selector: req.Selector}
 		held = append(held, ip)
 	}
 	slices.SortFunc(held, netip.Addr.Compare)

@@ -6,12 +6,19 @@ import (
 	"slices"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/onehop/onehop/portal"
 )
 
 func mustPool(t *testing.T, name string, auto, pods bool, specs ...string) Pool {
 	t.Helper()
-	p, err := NewPool(name, specs, auto, pods)
+	return mustPoolOpts(t, name, PoolOptions{AutoAssign: auto, AllowPods: pods}, specs...)
+}
+
+func mustPoolOpts(t *testing.T, name string, o PoolOptions, specs ...string) Pool {
+	t.Helper()
+	p, err := NewPool(name, specs, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +104,7 @@ func TestAssign(t *testing.T) {
 		return []Pool{
 			mustPool(t, "small", true, false, "192.0.2.1-192.0.2.2"),
 			mustPool(t, "v6", true, false, "2001:db8::/127"),
-			mustPool(t, "manual", false, true, "198.51.100.0/30"),
+			mustPool(t, "manual", false, true, "198.51.100.0/29"),
 		}
 	}
 	for _, tc := range []struct {
@@ -122,7 +129,7 @@ func TestAssign(t *testing.T) {
 			{name: "old one free", req: Request{Service: svc("b"), Requested: addrs("198.51.100.2")}, want: addrs("198.51.100.2")},
 		}},
 		{"pool choice", []step{
-			{name: "manual by name", req: Request{Service: svc("a"), Pool: "manual"}, want: addrs("198.51.100.0")},
+			{name: "manual by name, network address skipped", req: Request{Service: svc("a"), Pool: "manual"}, want: addrs("198.51.100.1")},
 			{name: "unknown", req: Request{Service: svc("b"), Pool: "nope"}, reason: ReasonUnknownPool},
 			{name: "pool without family", req: Request{Service: svc("b"), Pool: "manual", Families: []portal.Family{portal.IPv6}}, reason: ReasonExhausted},
 			{name: "switch pool", req: Request{Service: svc("a"), Pool: "small"}, want: addrs("192.0.2.1")},
@@ -224,5 +231,181 @@ func TestNoDoubleAllocation(t *testing.T) {
 		if len(owner) != a.InUse() || a.InUse() > 8 {
 			t.Fatalf("step %d: %d owners, %d in use", i, len(owner), a.InUse())
 		}
+	}
+}
+
+func TestNetworkAndBroadcast(t *testing.T) {
+	for _, tc := range []struct {
+		spec        string
+		keep        bool
+		first, last string // the pool's first and last addresses
+	}{
+		{spec: "192.0.2.0/24", first: "192.0.2.1", last: "192.0.2.254"},
+		{spec: "192.0.2.0/24", keep: true, first: "192.0.2.0", last: "192.0.2.255"},
+		{spec: "192.0.2.4/30", first: "192.0.2.5", last: "192.0.2.6"},
+		{spec: "192.0.2.4/31", first: "192.0.2.4", last: "192.0.2.5"}, // RFC 3021: both are hosts
+		{spec: "192.0.2.7/32", first: "192.0.2.7", last: "192.0.2.7"},
+		{spec: "192.0.2.0-192.0.2.255", first: "192.0.2.0", last: "192.0.2.255"}, // a range is taken as written
+		{spec: "2001:db8::/64", first: "2001:db8::1", last: "2001:db8::ffff:ffff:ffff:ffff"},
+		{spec: "2001:db8::/127", first: "2001:db8::", last: "2001:db8::1"}, // RFC 6164
+	} {
+		p := mustPoolOpts(t, "p", PoolOptions{AutoAssign: true, KeepNetworkAndBroadcast: tc.keep}, tc.spec)
+		a, err := New([]Pool{p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, last := netip.MustParseAddr(tc.first), netip.MustParseAddr(tc.last)
+		fam := []portal.Family{portal.FamilyOf(first)}
+		if got, err := a.Assign(Request{Service: svc("auto"), Families: fam}); err != nil || got[0] != first {
+			t.Errorf("%s keep=%v: first assigned %v %v, want %s", tc.spec, tc.keep, got, err, first)
+		}
+		for _, out := range []netip.Addr{first.Prev(), last.Next()} {
+			if !out.IsValid() {
+				continue
+			}
+			_, err := a.Assign(Request{Service: svc("req"), Requested: []netip.Addr{out}})
+			var e *Error
+			if !errors.As(err, &e) || e.Reason != ReasonNotInPool {
+				t.Errorf("%s keep=%v: request of %s: %v, want %s", tc.spec, tc.keep, out, err, ReasonNotInPool)
+			}
+		}
+		if _, err := a.Assign(Request{Service: svc("last"), Requested: []netip.Addr{last}}); first != last && err != nil {
+			t.Errorf("%s keep=%v: request of %s: %v", tc.spec, tc.keep, last, err)
+		}
+	}
+}
+
+func selector(t *testing.T, s string) labels.Selector {
+	t.Helper()
+	sel, err := labels.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+func TestTenancy(t *testing.T) {
+	pools := []Pool{
+		mustPoolOpts(t, "general", PoolOptions{AutoAssign: true, Priority: 10}, "192.0.2.1-192.0.2.2"),
+		mustPoolOpts(t, "team-a", PoolOptions{AutoAssign: true, Namespaces: []string{"a"}, Priority: 1}, "198.51.100.1"),
+		mustPoolOpts(t, "gold", PoolOptions{AutoAssign: true, Selectors: []labels.Selector{selector(t, "tier=gold")}, Priority: 5}, "198.51.100.9"),
+		mustPoolOpts(t, "manual-a", PoolOptions{Namespaces: []string{"a"}}, "198.51.100.20"),
+		mustPoolOpts(t, "pods", PoolOptions{AutoAssign: true, AllowPods: true}, "203.0.113.1-203.0.113.9"),
+	}
+	in := func(ns, name string, l ...string) Request {
+		r := Request{Service: portal.ServiceKey{Namespace: ns, Name: name}}
+		if len(l) == 2 {
+			r.Labels = map[string]string{l[0]: l[1]}
+		}
+		return r
+	}
+	named := func(r Request, pool string) Request { r.Pool = pool; return r }
+	asks := func(r Request, ip string) Request { r.Requested = addrs(ip); return r }
+	a, err := New(pools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []step{
+		{name: "namespace a: its own pool first (priority 1)", req: in("a", "x"), want: addrs("198.51.100.1")},
+		{name: "gold label: the gold pool (priority 5) before general (10)", req: in("b", "g", "tier", "gold"), want: addrs("198.51.100.9")},
+		{name: "namespace a's pool full: general", req: in("a", "y"), want: addrs("192.0.2.1")},
+		{name: "namespace b: general only", req: in("b", "x"), want: addrs("192.0.2.2")},
+		{name: "general full: the pods pool is never auto-assigned", req: in("b", "z"), reason: ReasonExhausted},
+		{name: "b names a's pool", req: named(in("b", "z"), "manual-a"), reason: ReasonPoolNotAllowed},
+		{name: "b requests an address of a's pool", req: asks(in("b", "z"), "198.51.100.20"), reason: ReasonPoolNotAllowed},
+		{name: "no label names the gold pool", req: named(in("b", "z"), "gold"), reason: ReasonPoolNotAllowed},
+		{name: "a names its manual pool", req: named(in("a", "z"), "manual-a"), want: addrs("198.51.100.20")},
+		{name: "the pods pool when named", req: named(in("b", "z"), "pods"), want: addrs("203.0.113.1")},
+	} {
+		got, err := a.Assign(s.req)
+		check(t, s, got, err)
+	}
+}
+
+func check(t *testing.T, s step, got []netip.Addr, err error) {
+	t.Helper()
+	if s.reason != "" {
+		var e *Error
+		if !errors.As(err, &e) || e.Reason != s.reason {
+			t.Fatalf("%s: got %v, %v; want refusal %s", s.name, got, err, s.reason)
+		}
+		return
+	}
+	if err != nil || !slices.Equal(got, s.want) {
+		t.Fatalf("%s: got %v, %v; want %v", s.name, got, err, s.want)
+	}
+}
+
+func TestSharingRules(t *testing.T) {
+	shared := func(ns, name, key string, local bool, sel string, port uint16) Request {
+		return Request{Service: portal.ServiceKey{Namespace: ns, Name: name}, SharingKey: key, Local: local, Selector: sel,
+			Ports: tcp(port), Requested: addrs("192.0.2.1")}
+	}
+	for _, tc := range []struct {
+		name   string
+		across bool
+		first  Request
+		second Request
+		ok     bool
+	}{
+		{"same namespace and key", false, shared("a", "x", "k", false, "", 80), shared("a", "y", "k", false, "", 443), true},
+		{"another namespace, same key", false, shared("a", "x", "k", false, "", 80), shared("b", "y", "k", false, "", 443), false},
+		{"another namespace, pool shares across", true, shared("a", "x", "k", false, "", 80), shared("b", "y", "k", false, "", 443), true},
+		{"Local and Cluster", false, shared("a", "x", "k", true, "app=web", 80), shared("a", "y", "k", false, "app=web", 443), false},
+		{"Cluster and Local", false, shared("a", "x", "k", false, "app=web", 80), shared("a", "y", "k", true, "app=web", 443), false},
+		{"Local, other pods", false, shared("a", "x", "k", true, "app=web", 80), shared("a", "y", "k", true, "app=api", 443), false},
+		{"Local, same pods", false, shared("a", "x", "k", true, "app=web", 80), shared("a", "y", "k", true, "app=web", 443), true},
+		{"Local, no selector", false, shared("a", "x", "k", true, "", 80), shared("a", "y", "k", true, "", 443), false},
+		{"ports collide", false, shared("a", "x", "k", false, "", 80), shared("a", "y", "k", false, "", 80), false},
+	} {
+		a, err := New([]Pool{mustPoolOpts(t, "p", PoolOptions{AutoAssign: true, ShareAcrossNamespaces: tc.across}, "192.0.2.1-192.0.2.4")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Assign(tc.first); err != nil {
+			t.Fatalf("%s: first: %v", tc.name, err)
+		}
+		_, err = a.Assign(tc.second)
+		if tc.ok != (err == nil) {
+			t.Errorf("%s: second: %v, want ok=%v", tc.name, err, tc.ok)
+		}
+		// Without a requested address the second gets an address of its
+		// own when it may not share, the first's when it may.
+		a.Release(tc.second.Service)
+		auto := tc.second
+		auto.Requested = nil
+		got, err := a.Assign(auto)
+		if err != nil || (got[0] == netip.MustParseAddr("192.0.2.1")) != tc.ok {
+			t.Errorf("%s: auto: %v %v, want sharing=%v", tc.name, got, err, tc.ok)
+		}
+		if len(a.Holds(tc.first.Service)) != 1 {
+			t.Errorf("%s: the first Service lost its address", tc.name)
+		}
+	}
+}
+
+func TestReserved(t *testing.T) {
+	a, err := New([]Pool{mustPool(t, "p", true, false, "192.0.2.1-192.0.2.3")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[netip.Addr]string{netip.MustParseAddr("192.0.2.1"): "node n1"}
+	a.Reserved = func(ip netip.Addr) string { return held[ip] }
+	for _, s := range []step{
+		{name: "auto skips the node's address", req: Request{Service: svc("a")}, want: addrs("192.0.2.2")},
+		{name: "request of the node's address", req: Request{Service: svc("b"), Requested: addrs("192.0.2.1")}, reason: ReasonConflict},
+	} {
+		got, err := a.Assign(s.req)
+		check(t, s, got, err)
+	}
+	if err := a.Restore(Request{Service: svc("c")}, addrs("192.0.2.1")); err == nil {
+		t.Error("restored a reserved address")
+	}
+	// An address reserved after it was assigned is given up at the next
+	// Assign (the registry only reserves addresses a load-balancer
+	// allocation does not hold, or a node's and cluster IPs).
+	held[netip.MustParseAddr("192.0.2.2")] = "cluster IP of Service ns/x"
+	if got, err := a.Assign(Request{Service: svc("a")}); err != nil || got[0] != netip.MustParseAddr("192.0.2.3") {
+		t.Errorf("reserved after assignment: got %v %v, want 192.0.2.3", got, err)
 	}
 }

@@ -3,5 +3,9 @@
 // external feeds it Services and writes its answers to Service status.
 //
 // The allocator never gives one IP to two Services unless both asked to share
-// it (same sharing key) and their ports do not collide.
+// it (same sharing key, same namespace unless the pool shares across
+// namespaces, same traffic policy and, for Local, the same pods) and their
+// ports do not collide. A pool serves only the namespaces and Service labels
+// it admits; pools meant for Pods are never auto-assigned; addresses someone
+// else holds (Allocator.Reserved) are neither handed out nor kept.
 package ipam

@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math/big"
 	"net/netip"
+	"slices"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -80,22 +83,48 @@ func lastOf(p netip.Prefix) netip.Addr {
 	return a
 }
 
-// Pool is a named set of address ranges.
+// Pool is a named set of address ranges, and who may use them.
 type Pool struct {
 	Name   string
 	Ranges []Range
-	// AutoAssign lets Services that name no pool get addresses from it.
+	PoolOptions
+}
+
+// PoolOptions say who may use a pool's addresses and how.
+type PoolOptions struct {
+	// AutoAssign lets Services that name no pool get addresses from it
+	// (never when AllowPods is set: those addresses are for Pods).
 	AutoAssign bool
 	// AllowPods lets Pods claim its addresses as pod external IPs.
 	AllowPods bool
+	// Namespaces are the only namespaces whose Services may use the pool;
+	// empty admits every namespace.
+	Namespaces []string
+	// Selectors admit the Services whose labels match any of them; empty
+	// admits every Service.
+	Selectors []labels.Selector
+	// Priority orders auto-assignment: pools with lower values are tried
+	// first; equal priorities keep the configuration order.
+	Priority int
+	// ShareAcrossNamespaces lets Services of different namespaces share an
+	// address under one sharing key; otherwise a key joins only Services
+	// of one namespace.
+	ShareAcrossNamespaces bool
+	// KeepNetworkAndBroadcast hands out the first and last address of
+	// IPv4 CIDRs (and the Subnet-Router anycast address, the first one, of
+	// IPv6 CIDRs), which are skipped by default.
+	KeepNetworkAndBroadcast bool
 }
 
-// NewPool parses the address specs of a pool (see ParseRange).
-func NewPool(name string, specs []string, autoAssign, allowPods bool) (Pool, error) {
+// NewPool parses the address specs of a pool (see ParseRange). Unless
+// o.KeepNetworkAndBroadcast, an IPv4 CIDR of /30 or larger loses its
+// network and broadcast addresses, and an IPv6 CIDR of /126 or larger its
+// Subnet-Router anycast address: those are not the pool's.
+func NewPool(name string, specs []string, o PoolOptions) (Pool, error) {
 	if name == "" {
 		return Pool{}, fmt.Errorf("pool without a name")
 	}
-	p := Pool{Name: name, AutoAssign: autoAssign, AllowPods: allowPods}
+	p := Pool{Name: name, PoolOptions: o}
 	if len(specs) == 0 {
 		return Pool{}, fmt.Errorf("pool %q has no addresses", name)
 	}
@@ -104,9 +133,43 @@ func NewPool(name string, specs []string, autoAssign, allowPods bool) (Pool, err
 		if err != nil {
 			return Pool{}, fmt.Errorf("pool %q: %w", name, err)
 		}
+		if !o.KeepNetworkAndBroadcast {
+			r = trimCIDR(s, r)
+		}
 		p.Ranges = append(p.Ranges, r)
 	}
 	return p, nil
+}
+
+// trimCIDR drops the addresses of CIDR spec s that are not for hosts.
+func trimCIDR(s string, r Range) Range {
+	pre, err := netip.ParsePrefix(strings.TrimSpace(s))
+	if err != nil {
+		return r // a range or a single address: taken as written
+	}
+	switch {
+	case pre.Addr().Is4() && pre.Bits() <= 30:
+		return Range{First: r.First.Next(), Last: r.Last.Prev()}
+	case pre.Addr().Is6() && pre.Bits() <= 126:
+		return Range{First: r.First.Next(), Last: r.Last}
+	}
+	return r
+}
+
+// Admits reports whether a Service in namespace with labels lbls may use p.
+func (p *Pool) Admits(namespace string, lbls map[string]string) bool {
+	if len(p.Namespaces) > 0 && !slices.Contains(p.Namespaces, namespace) {
+		return false
+	}
+	if len(p.Selectors) == 0 {
+		return true
+	}
+	for _, s := range p.Selectors {
+		if s.Matches(labels.Set(lbls)) {
+			return true
+		}
+	}
+	return false
 }
 
 // Contains reports whether a is in one of p's ranges.

@@ -1,0 +1,112 @@
+package external
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+func (h *Hook) allocEnqueue(o any) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	svc, ok := o.(*corev1.Service)
+	if !ok {
+		return
+	}
+	h.mu.Lock()
+	a := h.alloc
+	h.mu.Unlock()
+	if a != nil {
+		a.enqueue(svc)
+	}
+}
+
+// lead campaigns for the allocator Lease until ctx ends; while leader it
+// runs the allocator and lets the webhook send.
+func (h *Hook) lead(ctx context.Context) {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metaOf(h.cfg.LeaseNamespace, AllocatorLeaseName),
+		Client:     h.client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: h.identity},
+	}
+	t := h.cfg.LeaderLease
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock: lock, LeaseDuration: t.Duration.Duration, RenewDeadline: t.RenewDeadline.Duration, RetryPeriod: t.RetryPeriod.Duration,
+			ReleaseOnCancel: true, Name: AllocatorLeaseName,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: h.leading,
+				OnStoppedLeading: func() {
+					h.mu.Lock()
+					h.leader, h.alloc, h.reported = false, nil, nil
+					h.mu.Unlock()
+					h.log.Info("external: lost allocator lease", "node", h.node)
+					h.poke()
+				},
+			},
+		})
+		if err != nil {
+			h.log.Error("external: leader election", "err", err)
+			return
+		}
+		le.Run(ctx)
+	}
+}
+
+func (h *Hook) leading(ctx context.Context) {
+	h.log.Info("external: holding allocator lease", "node", h.node)
+	var a *allocator
+	if len(h.cfg.pools) > 0 {
+		var err error
+		a, err = newAllocator(h.cfg, h.client, h.factory.Core().V1().Services().Lister(), h.rec, h.log.With("component", "ipam"))
+		if err == nil {
+			h.resolve() // the registry knows every address before the first allocation
+			a.alloc.Reserved = h.reserved
+		}
+		if err != nil {
+			h.log.Error("external: allocator", "err", err)
+			return
+		}
+		if err := a.rebuild(); err != nil {
+			h.log.Error("external: rebuild allocation state", "err", err)
+			return
+		}
+	}
+	h.mu.Lock()
+	h.leader, h.alloc = true, a
+	h.mu.Unlock()
+	h.poke()
+	if a != nil {
+		a.run(ctx)
+	} else {
+		<-ctx.Done()
+	}
+}
+
+func metaOf(namespace, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: namespace, Name: name}
+}
+
+// report puts an event on each claimant the registry refuses, once per
+// refusal and leadership term (a refusal that goes away and comes back is
+// reported again). Only the leader reports, so that each refusal is told
+// once, not once per node.
+func (h *Hook) report(refusals []refusal) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := map[string]bool{}
+	for _, r := range refusals {
+		k := string(r.obj.GetUID()) + "/" + r.reason + "/" + r.ip
+		now[k] = true
+		if h.reported[k] {
+			continue
+		}
+		h.rec.Event(r.obj, corev1.EventTypeWarning, r.reason, r.msg)
+	}
+	h.reported = now
+}
