@@ -211,17 +211,19 @@ func (k *kernelTable) dump() *dataplane.Dump {
 		return p
 	}
 	for _, name := range k.chains {
-		kind, pk, ok := parsePortalChain(name)
+		// An affinity chain is named for its portal chain @ its endpoint.
+		portalName, _, _ := strings.Cut(name, "@")
+		kind, pk, ok := parsePortalChain(portalName)
 		if !ok {
 			continue
 		}
 		p := port(pk)
 		for _, r := range k.rules[name] {
 			pkts, bytes := ruleCounter(r)
-			if kind == kindService || (kind == kindExternal && p.Packets == 0) {
+			if kind == kindService || kind == kindAffinityEndpoint || (kind == kindExternal && p.Packets == 0) {
 				p.Packets, p.Bytes = p.Packets+pkts, p.Bytes+bytes
 			}
-			if kind == kindService || kind == kindAll {
+			if kind == kindService || kind == kindAll || kind == kindAffinityEndpoint {
 				for _, ep := range k.ruleEndpoints(pk.Family, r) {
 					p.Endpoints = appendEndpoint(p.Endpoints, ep.String())
 				}
@@ -242,7 +244,7 @@ func (k *kernelTable) dump() *dataplane.Dump {
 				p := port(pk)
 				p.Entries = append(p.Entries, dataplane.DumpEntry{Kind: entry, Addr: fmt.Sprintf("%s/%s", netip.AddrPortFrom(ip, prt), proto)})
 				if set == setNoEndpoints(f) {
-					p.Note = "no endpoints: new connections are rejected"
+					p.Note = noEndpointsNote(el)
 				}
 			}
 		}
@@ -259,7 +261,7 @@ func (k *kernelTable) dump() *dataplane.Dump {
 				p := port(pk)
 				p.Entries = append(p.Entries, dataplane.DumpEntry{Kind: entry, Addr: fmt.Sprintf(":%d/%s", prt, proto)})
 				if set == setNoEndpointsNP(f) {
-					p.Note = "no endpoints: new connections are rejected"
+					p.Note = noEndpointsNote(el)
 				}
 			}
 		}
@@ -270,6 +272,19 @@ func (k *kernelTable) dump() *dataplane.Dump {
 	d.Sort()
 	d.Raw = k.render()
 	return d
+}
+
+// noEndpointsNote says what happens to new connections to a way in listed
+// in a no-endpoints map.
+func noEndpointsNote(el nftables.SetElement) string {
+	v := verdictAttrText(el.Val)
+	if el.VerdictData != nil {
+		v = verdictText(el.VerdictData)
+	}
+	if v == "goto "+chainDrop {
+		return "endpoints on other nodes only (Local policy): new connections are dropped"
+	}
+	return "no endpoints: new connections are rejected"
 }
 
 func appendEndpoint(eps []dataplane.DumpEndpoint, addr string) []dataplane.DumpEndpoint {

@@ -64,7 +64,8 @@ func requireNft(t *testing.T) string {
 // TestRulesetTextMatchesNft renders a table holding every kind of object
 // the backend creates and compares it with what nft prints for the same
 // kernel state, before and after traffic (counters, clients remembered for
-// affinity). It also keeps testdata/ruleset-policies.golden.
+// affinity). It also keeps testdata/ruleset-policies.golden, and
+// dump-policies.golden for the per-Service view of the same table.
 func TestRulesetTextMatchesNft(t *testing.T) {
 	t.Parallel()
 	version := requireNft(t)
@@ -72,6 +73,11 @@ func TestRulesetTextMatchesNft(t *testing.T) {
 	tp.sync(t, policiesSnapshot(), true)
 	k := readTable(t, tp)
 	golden(t, "ruleset-policies.golden", k.render())
+	var table strings.Builder
+	if err := k.dump().WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "dump-policies.golden", table.String())
 	for _, want := range []string{
 		"ip daddr . meta l4proto . th dport vmap @vips4",
 		`10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http`,
