@@ -3,8 +3,12 @@
 // per cluster, package ipam holds the pure logic), decides for every external
 // IP which nodes should receive its traffic, and tells the cloud hook's
 // providers (BGP, L2 ARP/NDP, webhook; see Provider) so. It also models pod
-// external IPs (PodExternalIPs).
+// external IPs (PodExternalIP).
 //
-// A node announces an IP only after its own dataplane has programmed it: the
-// agent calls Hook.Programmed after each successful sync.
+// One registry (registry.go) decides who holds each address: node addresses,
+// cluster IPs, load-balancer allocations, spec.externalIPs and pod external
+// IPs; a claim on a held address is refused with an event on the claimant.
+// Only rightful holders are announced, and a node announces an IP only after
+// its own dataplane has programmed it for every one of them: the agent calls
+// Hook.Programmed after each successful sync.
 package external
