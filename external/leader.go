@@ -42,6 +42,9 @@ func (h *Hook) lead(ctx context.Context) {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: h.leading,
 				OnStoppedLeading: func() {
+					if h.notifier != nil {
+						h.notifier.Demote()
+					}
 					h.mu.Lock()
 					h.leader, h.alloc, h.reported = false, nil, nil
 					h.mu.Unlock()
@@ -76,6 +79,9 @@ func (h *Hook) leading(ctx context.Context) {
 			h.log.Error("external: rebuild allocation state", "err", err)
 			return
 		}
+	}
+	if h.notifier != nil && !h.leadWebhook(ctx) {
+		return
 	}
 	h.mu.Lock()
 	h.leader, h.alloc = true, a

@@ -3,25 +3,29 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"os"
 	"sync"
 	"time"
 )
 
-// SignatureHeader carries "sha256=<hex HMAC-SHA256 of the body>" keyed with
-// the shared secret.
-const SignatureHeader = "X-Onehop-Signature-256"
-
 // Config configures the webhook provider.
 type Config struct {
+	// URL receives the POSTs; it must be https unless AllowInsecureHTTP.
 	URL string `json:"url"`
+	// AllowInsecureHTTP permits an http:// URL, which sends the state and
+	// its signature in clear text (for a receiver on the same host).
+	AllowInsecureHTTP bool `json:"allowInsecureHTTP,omitempty"`
+	// CAFile is a PEM bundle of the CAs trusted to sign the receiver's
+	// certificate instead of the system's (a private CA).
+	CAFile string `json:"caFile,omitempty"`
 	// SecretFile holds the HMAC key (the agent reads it; the DaemonSet
 	// mounts a Secret). Secret is the key itself, for tests.
 	SecretFile string `json:"secretFile,omitempty"`
@@ -44,9 +48,9 @@ type Node struct {
 	Addresses []string `json:"addresses"`
 }
 
-// Payload is the body of one POST: the complete desired state of one
-// Service. A Service that no longer has external IPs is sent once with
-// empty IPs and Nodes and Deleted set.
+// Payload is the body of one POST about one Service: its complete desired
+// state. A Service that no longer has external IPs is sent once with empty
+// IPs and Nodes and Deleted set.
 type Payload struct {
 	Service             string   `json:"service"`
 	IPs                 []string `json:"ips"`
@@ -54,25 +58,30 @@ type Payload struct {
 	HealthCheckNodePort uint16   `json:"healthCheckNodePort,omitempty"`
 	Nodes               []Node   `json:"nodes"`
 	Deleted             bool     `json:"deleted,omitempty"`
-	// Generation increases with every change the agent sends, so that a
-	// receiver can drop a retry that arrives after a newer state.
+	// Generation grows with every message, across leaders (see
+	// Generation), so that a receiver can drop a message that arrives
+	// after a newer one.
 	Generation uint64 `json:"generation"`
 }
 
-// Sign returns the signature header value for body.
-func Sign(secret, body []byte) string {
-	m := hmac.New(sha256.New, secret)
-	m.Write(body)
-	return "sha256=" + hex.EncodeToString(m.Sum(nil))
+// Snapshot is the body of the first POST of every leadership term: the
+// complete desired state of every Service with external IPs, each listed
+// Payload carrying the snapshot's Generation. A receiver deletes the
+// Services it holds that are not listed, unless it holds a newer generation
+// for them (see Mirror).
+type Snapshot struct {
+	// Snapshot is always true; it tells a Snapshot from a Payload.
+	Snapshot   bool      `json:"snapshot"`
+	Generation uint64    `json:"generation"`
+	Services   []Payload `json:"services"`
 }
 
-// Verify checks a signature header value in constant time.
-func Verify(secret, body []byte, header string) bool {
-	return hmac.Equal([]byte(Sign(secret, body)), []byte(header))
-}
-
-// Notifier sends payloads. Set replaces the desired state; one goroutine per
-// Service delivers the newest state, retrying failures with back-off.
+// Notifier sends the desired state while this agent leads. Lead starts a
+// leadership term: the first Set after it sends a Snapshot, later ones
+// each changed Service; one goroutine per Service delivers the newest
+// state, retrying failures with back-off. When the term ends (Demote, or
+// the context given to Lead ends) every pending message and retry is
+// dropped at once, and Set does nothing until the next Lead.
 type Notifier struct {
 	cfg    Config
 	secret []byte
@@ -80,25 +89,43 @@ type Notifier struct {
 	log    *slog.Logger
 	onErr  func(service string, err error, attempt int)
 	onOK   func(service string)
+	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	gen   uint64
-	last  map[string]string // service -> canonical JSON of what was sent/queued (without generation)
-	slots map[string]*slot
-	wg    sync.WaitGroup
-	ctx   context.Context
+	mu       sync.Mutex
+	base     context.Context
+	term     *term
+	lastTerm uint64
+}
+
+// term is what one leadership term has sent and is sending.
+type term struct {
+	number   uint64
+	ctx      context.Context
+	cancel   func()
+	count    uint64
+	snapshot bool              // the snapshot is queued
+	last     map[string]string // service -> canonical JSON of what was queued (without generation)
+	slots    map[string]*slot  // service ("" for the snapshot) -> its delivery
+}
+
+// message is one signed-on-send POST body.
+type message struct {
+	service string // "" for a snapshot
+	gen     uint64
+	body    []byte
 }
 
 type slot struct {
 	wake    chan struct{}
-	pending *Payload
+	pending *message
 }
 
 // New returns a Notifier. onErr (may be nil) is told about every failed
-// attempt, onOK about every delivered payload.
+// attempt, onOK about every delivered message; service is "" for a
+// snapshot.
 func New(cfg Config, log *slog.Logger, onErr func(service string, err error, attempt int), onOK func(service string)) (*Notifier, error) {
-	if cfg.URL == "" {
-		return nil, fmt.Errorf("webhook: url is required")
+	if err := checkURL(cfg); err != nil {
+		return nil, err
 	}
 	secret := []byte(cfg.Secret)
 	if cfg.SecretFile != "" {
@@ -117,32 +144,140 @@ func New(cfg Config, log *slog.Logger, onErr func(service string, err error, att
 	if cfg.MaxBackoffSeconds <= 0 {
 		cfg.MaxBackoffSeconds = 30
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: caFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("webhook: caFile %s holds no PEM certificate", cfg.CAFile)
+		}
+		tr.TLSClientConfig.RootCAs = pool
+	}
+	client := &http.Client{Transport: tr, Timeout: seconds(cfg.TimeoutSeconds),
+		// A redirect could lead to plain http or elsewhere: it counts as a failure.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	if onErr == nil {
 		onErr = func(string, error, int) {}
 	}
 	if onOK == nil {
 		onOK = func(string) {}
 	}
-	return &Notifier{cfg: cfg, secret: secret, http: &http.Client{Timeout: seconds(cfg.TimeoutSeconds)}, log: log,
-		onErr: onErr, onOK: onOK, last: map[string]string{}, slots: map[string]*slot{}, ctx: context.Background()}, nil
+	return &Notifier{cfg: cfg, secret: secret, http: client, log: log, onErr: onErr, onOK: onOK, base: context.Background()}, nil
 }
 
-// Start binds the delivery goroutines to ctx; call once before Set.
-func (n *Notifier) Start(ctx context.Context) { n.ctx = ctx }
+func checkURL(cfg Config) error {
+	if cfg.URL == "" {
+		return fmt.Errorf("webhook: url is required")
+	}
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return fmt.Errorf("webhook: url: %w", err)
+	}
+	switch {
+	case u.Host == "":
+		return fmt.Errorf("webhook: url %q has no host", cfg.URL)
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && cfg.AllowInsecureHTTP:
+		return nil
+	case u.Scheme == "http":
+		return fmt.Errorf("webhook: url %q is plain http, which would send the state and its signature in clear text; use https, or set allowInsecureHTTP: true", cfg.URL)
+	}
+	return fmt.Errorf("webhook: url %q: scheme must be https", cfg.URL)
+}
 
-// Set makes states the desired state of every Service: changed ones are
-// sent, Services missing from states are sent once as deleted.
+// Start binds every term's delivery goroutines to ctx as well; call once
+// before Lead.
+func (n *Notifier) Start(ctx context.Context) {
+	n.mu.Lock()
+	n.base = ctx
+	n.mu.Unlock()
+}
+
+// Lead starts leadership term number (recorded in the apiserver by the
+// caller, above every term before it), ending the current one. The term
+// ends when ctx ends or at Demote. The first Set of the term sends a
+// Snapshot.
+func (n *Notifier) Lead(ctx context.Context, number uint64) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := checkTerm(number, n.lastTerm); err != nil {
+		return err
+	}
+	n.endTerm()
+	tctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(n.base, cancel)
+	n.term = &term{number: number, ctx: tctx, cancel: func() { stop(); cancel() },
+		last: map[string]string{}, slots: map[string]*slot{}}
+	n.lastTerm = number
+	n.log.Info("webhook: leading", "term", number)
+	return nil
+}
+
+// Demote ends the current term: pending messages, retries and requests in
+// flight are dropped at once.
+func (n *Notifier) Demote() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.term != nil {
+		n.log.Info("webhook: demoted, pending messages dropped", "term", n.term.number)
+	}
+	n.endTerm()
+}
+
+// endTerm: caller holds n.mu.
+func (n *Notifier) endTerm() {
+	if n.term != nil {
+		n.term.cancel()
+		n.term = nil
+	}
+}
+
+// Set makes states the desired state of every Service: the first call of
+// a term sends them all as a Snapshot; later calls send the changed ones,
+// and Services missing from states once as deleted. Outside a term it does
+// nothing.
 func (n *Notifier) Set(states []Payload) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	t := n.term
+	if t == nil || t.ctx.Err() != nil {
+		return
+	}
+	if !t.snapshot {
+		gen, ok := n.next(t)
+		if !ok {
+			return
+		}
+		snap := Snapshot{Snapshot: true, Generation: gen, Services: make([]Payload, 0, len(states))}
+		for _, p := range states {
+			if p.Deleted {
+				continue
+			}
+			p.Generation = gen
+			t.last[p.Service] = canonical(p)
+			snap.Services = append(snap.Services, p)
+		}
+		t.snapshot = true
+		n.queue(t, "", gen, snap)
+		return
+	}
 	seen := map[string]bool{}
 	for _, p := range states {
 		seen[p.Service] = true
-		n.queue(p)
+		if !n.send(t, p) {
+			return
+		}
 	}
-	for svc, c := range n.last {
+	for svc, c := range t.last {
 		if !seen[svc] && c != "deleted" {
-			n.queue(Payload{Service: svc, IPs: []string{}, Ports: []Port{}, Nodes: []Node{}, Deleted: true})
+			if !n.send(t, Payload{Service: svc, IPs: []string{}, Ports: []Port{}, Nodes: []Node{}, Deleted: true}) {
+				return
+			}
 		}
 	}
 }
@@ -156,60 +291,91 @@ func canonical(p Payload) string {
 	return string(b)
 }
 
-// queue: caller holds n.mu.
-func (n *Notifier) queue(p Payload) {
+// send queues p unless it is what was last queued for its Service; false
+// when the term has ended. Caller holds n.mu.
+func (n *Notifier) send(t *term, p Payload) bool {
 	c := canonical(p)
-	if n.last[p.Service] == c {
+	if t.last[p.Service] == c {
+		return true
+	}
+	gen, ok := n.next(t)
+	if !ok {
+		return false
+	}
+	t.last[p.Service] = c
+	p.Generation = gen
+	n.queue(t, p.Service, gen, p)
+	return true
+}
+
+// next returns the term's next generation; when its counter is spent the
+// term ends (no generation of a later term may be reused). Caller holds
+// n.mu.
+func (n *Notifier) next(t *term) (uint64, bool) {
+	if t.count == maxCount {
+		n.log.Error("webhook: this term's generations are spent; nothing more is sent until the next leadership term", "term", t.number)
+		n.endTerm()
+		return 0, false
+	}
+	t.count++
+	return Generation(t.number, t.count), true
+}
+
+// queue: caller holds n.mu.
+func (n *Notifier) queue(t *term, key string, gen uint64, v any) {
+	body, err := json.Marshal(v)
+	if err != nil { // not for these types
+		n.log.Error("webhook: encode", "err", err)
 		return
 	}
-	n.last[p.Service] = c
-	n.gen++
-	p.Generation = n.gen
-	s := n.slots[p.Service]
+	s := t.slots[key]
 	if s == nil {
 		s = &slot{wake: make(chan struct{}, 1)}
-		n.slots[p.Service] = s
+		t.slots[key] = s
 		n.wg.Add(1)
-		go n.deliver(p.Service, s)
+		go n.deliver(t, s)
 	}
-	s.pending = &p
+	s.pending = &message{service: key, gen: gen, body: body}
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (n *Notifier) take(s *slot) *Payload {
+func (n *Notifier) take(s *slot) *message {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	p := s.pending
+	m := s.pending
 	s.pending = nil
-	return p
+	return m
 }
 
-func (n *Notifier) deliver(svc string, s *slot) {
+func (n *Notifier) deliver(t *term, s *slot) {
 	defer n.wg.Done()
 	for {
 		select {
-		case <-n.ctx.Done():
+		case <-t.ctx.Done():
 			return
 		case <-s.wake:
 		}
-		p := n.take(s)
+		m := n.take(s)
 		backoff := 200 * time.Millisecond
-		for attempt := 1; p != nil; attempt++ {
-			err := n.post(p)
+		for attempt := 1; m != nil; attempt++ {
+			err := n.post(t.ctx, m.body)
+			if t.ctx.Err() != nil {
+				return // demoted: the message is dropped
+			}
 			if err == nil {
-				n.onOK(svc)
+				n.onOK(m.service)
 				break
 			}
-			n.log.Warn("webhook delivery failed", "service", svc, "attempt", attempt, "err", err)
-			n.onErr(svc, err, attempt)
+			n.log.Warn("webhook delivery failed", "service", m.service, "generation", m.gen, "attempt", attempt, "err", err)
+			n.onErr(m.service, err, attempt)
 			select {
-			case <-n.ctx.Done():
+			case <-t.ctx.Done():
 				return
 			case <-s.wake: // a newer state replaces the failing one
-				p = n.take(s)
+				m = n.take(s)
 				backoff = 200 * time.Millisecond
 				attempt = 0
 				continue
@@ -220,19 +386,16 @@ func (n *Notifier) deliver(svc string, s *slot) {
 	}
 }
 
-func (n *Notifier) post(p *Payload) error {
-	body, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(n.ctx, seconds(n.cfg.TimeoutSeconds))
+// post sends body, signed now (each attempt afresh).
+func (n *Notifier) post(ctx context.Context, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, seconds(n.cfg.TimeoutSeconds))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.cfg.URL, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(SignatureHeader, Sign(n.secret, body))
+	SignRequest(n.secret, req.Header, body, time.Now())
 	resp, err := n.http.Do(req)
 	if err != nil {
 		return err
@@ -245,7 +408,8 @@ func (n *Notifier) post(p *Payload) error {
 	return nil
 }
 
-// Wait blocks until every delivery goroutine has ended (after ctx ends).
+// Wait blocks until every delivery goroutine has ended (after the context
+// given to Start or every term has ended).
 func (n *Notifier) Wait() { n.wg.Wait() }
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
