@@ -29,6 +29,8 @@ func policiesSnapshot() *portal.Snapshot {
 		{Key: pk("web", "http", portal.TCP, portal.IPv4), Port: 80,
 			ClusterIPs: []netip.Addr{clusterIP}, NodePort: 30080, ExternalIPs: []netip.Addr{extIP}, LoadBalancerIPs: []netip.Addr{lbIP},
 			ClusterEndpoints: eps(8080, 1, 2)},
+		{Key: pk("web", "http", portal.TCP, portal.IPv6), Port: 80, ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::10")},
+			ClusterEndpoints: []netip.AddrPort{netip.AddrPortFrom(podIP6(1), 8080), netip.AddrPortFrom(podIP6(2), 8080)}},
 	}}
 	sticky := &portal.Service{Key: key("sticky"), Portals: []*portal.Portal{
 		{Key: pk("sticky", "", portal.TCP, portal.IPv4), Port: 443,
