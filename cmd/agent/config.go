@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,15 +71,13 @@ type fileConfig struct {
 	Path string
 
 	// From the KubeProxyConfiguration.
-	HostnameOverride   *string // lower-cased and trimmed, as kube-proxy does
-	HealthzBindAddress *string // host:port; from healthzBindAddress, else from bindAddress
-	MetricsBindAddress *string // host:port; from metricsBindAddress, else from bindAddress
-	Profiling          *bool   // enableProfiling (only when true)
-	ClusterCIDRs       []netip.Prefix
-	// NodePortAddresses: NodePortPrimary is the special value "primary"
-	// (the node's primary addresses); otherwise NodePortCIDRs.
-	NodePortPrimary *bool
-	NodePortCIDRs   []netip.Prefix
+	HostnameOverride    *string // lower-cased and trimmed, as kube-proxy does
+	HealthzBindAddress  *string // host:port; from healthzBindAddress, else from bindAddress
+	MetricsBindAddress  *string // host:port; from metricsBindAddress, else from bindAddress
+	Profiling           *bool   // enableProfiling (only when true)
+	ClusterCIDRs        []netip.Prefix
+	NodePortAddresses   *nodePortAddresses
+	BindAddressHardFail *bool // only when true
 	// Dataplane is "nft" or "ipvs" (as --dataplane): OnehopConfiguration.dataplane,
 	// else the kube-proxy mode (iptables, the default, becomes nftables).
 	Dataplane *string
@@ -88,16 +85,23 @@ type fileConfig struct {
 	// the section kube-proxy itself used with this file's mode: iptables.*
 	// for mode "" and iptables, nftables.* for nftables, and for ipvs
 	// ipvs.syncPeriod/minSyncPeriod with iptables.masqueradeBit/All.
-	MasqueradeBit  *int32
-	MasqueradeAll  *bool // only when true
-	SyncPeriod     *time.Duration
-	MinSyncPeriod  *time.Duration
-	IPVSScheduler  *string
-	Conntrack      fileConntrack
-	DetectLocal    *fileDetectLocal
-	Kubeconfig     *string
-	QPS            *float32
-	Burst          *int32
+	MasqueradeBit *int32
+	MasqueradeAll *bool // only when true
+	SyncPeriod    *time.Duration
+	MinSyncPeriod *time.Duration
+	IPVSScheduler *string
+	Conntrack     fileConntrack
+	// DetectLocalMode is ClusterCIDR or NodeCIDR (the others are refused).
+	DetectLocalMode    *string
+	Kubeconfig         *string
+	QPS                *float32
+	Burst              *int32
+	ContentType        *string
+	AcceptContentTypes *string
+	OOMScoreAdj        *int32
+	// IPVSTimeouts names the ipvs.*Timeout fields that are set: refused
+	// with the IPVS dataplane, not applicable with nftables.
+	IPVSTimeouts   []string
 	LogVerbosity   *uint32 // logging.verbosity
 	LogFormat      *string // logging.format: text or json
 	KubeProxyFound bool    // the file held a KubeProxyConfiguration
@@ -123,15 +127,6 @@ type fileConntrack struct {
 	TCPBeLiberal          *bool // only when true
 	UDPTimeout            *time.Duration
 	UDPStreamTimeout      *time.Duration
-}
-
-// fileDetectLocal is how traffic from local pods is recognised
-// (detectLocalMode and detectLocal): Mode is ClusterCIDR, NodeCIDR,
-// BridgeInterface or InterfaceNamePrefix.
-type fileDetectLocal struct {
-	Mode                string
-	BridgeInterface     string
-	InterfaceNamePrefix string
 }
 
 // configDoc is one YAML document of a config file and the line it starts on.
@@ -432,18 +427,11 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 	}
 
 	if len(kp.NodePortAddresses) > 0 {
-		if slices.Contains(kp.NodePortAddresses, "primary") {
-			if len(kp.NodePortAddresses) != 1 {
-				return nil, fmt.Errorf("nodePortAddresses: %q cannot be combined with CIDRs", "primary")
-			}
-			primary := true
-			fc.NodePortPrimary = &primary
-		} else {
-			fc.NodePortCIDRs, err = configCIDRList("nodePortAddresses", kp.NodePortAddresses)
-			if err != nil {
-				return nil, err
-			}
+		np, err := parseNodePortAddresses(kp.NodePortAddresses)
+		if err != nil {
+			return nil, err
 		}
+		fc.NodePortAddresses = np
 	}
 
 	// The mode picks the dataplane and which section kube-proxy read.
@@ -537,6 +525,19 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 		}
 	}
 
+	for _, t := range []struct {
+		field string
+		d     time.Duration
+	}{{"ipvs.tcpTimeout", kp.IPVS.TCPTimeout.Duration}, {"ipvs.tcpFinTimeout", kp.IPVS.TCPFinTimeout.Duration},
+		{"ipvs.udpTimeout", kp.IPVS.UDPTimeout.Duration}} {
+		if t.d < 0 {
+			return nil, fmt.Errorf("%s %v must not be negative", t.field, t.d)
+		}
+		if t.d > 0 {
+			fc.IPVSTimeouts = append(fc.IPVSTimeouts, t.field)
+		}
+	}
+
 	ct := kp.Conntrack
 	fc.Conntrack = fileConntrack{
 		MaxPerCore:            ct.MaxPerCore,
@@ -549,10 +550,14 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 	if ct.TCPBeLiberal {
 		fc.Conntrack.TCPBeLiberal = &ct.TCPBeLiberal
 	}
-	for name, v := range map[string]*int32{"conntrack.maxPerCore": ct.MaxPerCore, "conntrack.min": ct.Min} {
-		if v != nil && *v < 0 {
-			return nil, fmt.Errorf("%s %d must not be negative", name, *v)
+	if err := fc.Conntrack.resolve(conntrackDefaults()).validate(); err != nil {
+		return nil, err
+	}
+	if kp.OOMScoreAdj != nil {
+		if v := *kp.OOMScoreAdj; v < -1000 || v > 1000 {
+			return nil, fmt.Errorf("oomScoreAdj %d: want -1000 to 1000", v)
 		}
+		fc.OOMScoreAdj = kp.OOMScoreAdj
 	}
 
 	if err := fc.applyDetectLocal(kp, ignore); err != nil {
@@ -573,10 +578,10 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 		fc.Burst = &cc.Burst
 	}
 	if cc.AcceptContentTypes != "" {
-		ignore("clientConnection.acceptContentTypes", "onehop negotiates content types itself")
+		fc.AcceptContentTypes = &cc.AcceptContentTypes
 	}
 	if cc.ContentType != "" {
-		ignore("clientConnection.contentType", "onehop negotiates content types itself")
+		fc.ContentType = &cc.ContentType
 	}
 
 	switch f := kp.Logging.Format; f {
@@ -601,34 +606,37 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 		ignore("logging.options", "onehop writes all log lines to stderr, unbuffered")
 	}
 
-	// Fields that have no meaning for onehop. showHiddenMetricsForVersion
-	// is accepted silently: onehop hides no metrics.
+	if kp.BindAddressHardFail {
+		fc.BindAddressHardFail = &kp.BindAddressHardFail
+	}
+	// ipvs.strictARP needs nothing: onehop's IPVS dataplane always sets
+	// arp_ignore=1 and arp_announce=2, as strictARP: true does.
+
+	// Fields that have no meaning for onehop.
 	if len(kp.FeatureGates) > 0 {
 		ignore("featureGates", "onehop has no kube-proxy feature gates")
 	}
-	if kp.BindAddressHardFail {
-		ignore("bindAddressHardFail", "onehop always exits when it cannot bind its health or metrics address")
+	if kp.ShowHiddenMetricsForVersion != "" {
+		ignore("showHiddenMetricsForVersion", "onehop hides no metrics")
 	}
-	if kp.IPTables.LocalhostNodePorts != nil {
+	if kp.IPTables.LocalhostNodePorts != nil && *kp.IPTables.LocalhostNodePorts {
 		ignore("iptables.localhostNodePorts", "onehop does not serve NodePorts on 127.0.0.1 (as kube-proxy's nftables mode)")
 	}
 	if len(kp.IPVS.ExcludeCIDRs) > 0 {
-		ignore("ipvs.excludeCIDRs", "onehop only removes IPVS services it created")
+		ignore("ipvs.excludeCIDRs", "onehop only ever removes IPVS virtual servers it created")
 	}
-	if kp.IPVS.StrictARP {
-		ignore("ipvs.strictARP", "onehop's IPVS dataplane always sets arp_ignore=1 and arp_announce=2, as strictARP does")
-	}
-	if kp.IPVS.TCPTimeout.Duration != 0 || kp.IPVS.TCPFinTimeout.Duration != 0 || kp.IPVS.UDPTimeout.Duration != 0 {
-		ignore("ipvs.tcpTimeout/tcpFinTimeout/udpTimeout", "use conntrack.* for connection timeouts")
-	}
-	if kp.Winkernel != (kubeproxy.KubeProxyWinkernelConfiguration{}) {
-		ignore("winkernel", "Windows only")
+	w := kp.Winkernel
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"networkName", w.NetworkName != ""}, {"sourceVip", w.SourceVip != ""}, {"enableDSR", w.EnableDSR},
+		{"rootHnsEndpointName", w.RootHnsEndpointName != ""}, {"forwardHealthCheckVip", w.ForwardHealthCheckVip}} {
+		if f.set {
+			ignore("winkernel."+f.name, "Windows only")
+		}
 	}
 	if kp.WindowsRunAsService {
 		ignore("windowsRunAsService", "Windows only")
-	}
-	if kp.OOMScoreAdj != nil {
-		ignore("oomScoreAdj", "set the pod's priority and resources instead")
 	}
 	if kp.ConfigSyncPeriod.Duration != 0 {
 		ignore("configSyncPeriod", "onehop's informers do not resync; the dataplane resyncs every syncPeriod")
@@ -642,36 +650,19 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 // applyDetectLocal resolves detectLocalMode and detectLocal.
 func (fc *fileConfig) applyDetectLocal(kp *kubeproxy.KubeProxyConfiguration, ignore func(field, why string)) error {
 	mode := string(kp.DetectLocalMode)
-	dl := kp.DetectLocal
-	switch mode {
-	case "":
-		if dl.BridgeInterface != "" || dl.InterfaceNamePrefix != "" {
-			ignore("detectLocal", "detectLocalMode is not set")
-		}
-		return nil
-	case "ClusterCIDR", "NodeCIDR":
-		if dl.BridgeInterface != "" || dl.InterfaceNamePrefix != "" {
-			ignore("detectLocal", "detectLocalMode is "+mode)
-		}
-	case "BridgeInterface":
-		if dl.BridgeInterface == "" {
-			return fmt.Errorf("detectLocalMode BridgeInterface needs detectLocal.bridgeInterface")
-		}
-		if dl.InterfaceNamePrefix != "" {
-			ignore("detectLocal.interfaceNamePrefix", "detectLocalMode is "+mode)
-		}
-	case "InterfaceNamePrefix":
-		if dl.InterfaceNamePrefix == "" {
-			return fmt.Errorf("detectLocalMode InterfaceNamePrefix needs detectLocal.interfaceNamePrefix")
-		}
-		if dl.BridgeInterface != "" {
-			ignore("detectLocal.bridgeInterface", "detectLocalMode is "+mode)
-		}
-	default:
-		return fmt.Errorf("detectLocalMode %q: want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix", mode)
+	if err := checkDetectLocalMode(mode); err != nil {
+		return err
 	}
-	fc.DetectLocal = &fileDetectLocal{Mode: mode, BridgeInterface: dl.BridgeInterface,
-		InterfaceNamePrefix: dl.InterfaceNamePrefix}
+	why := fmt.Sprintf("detectLocalMode is %q, which does not read it", mode)
+	if kp.DetectLocal.BridgeInterface != "" {
+		ignore("detectLocal.bridgeInterface", why)
+	}
+	if kp.DetectLocal.InterfaceNamePrefix != "" {
+		ignore("detectLocal.interfaceNamePrefix", why)
+	}
+	if mode != "" {
+		fc.DetectLocalMode = &mode
+	}
 	return nil
 }
 

@@ -99,8 +99,8 @@ func TestConfigPartialWithOnehopKind(t *testing.T) {
 		MetricsBindAddress: ptrTo("0.0.0.0:9100"),
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"),
 			netip.MustParsePrefix("fd00:10:244::/56")},
-		NodePortCIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24"),
-			netip.MustParsePrefix("fd00:1::/64")},
+		NodePortAddresses: &nodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24"),
+			netip.MustParsePrefix("fd00:1::/64")}},
 		Dataplane:     ptrTo(configDataplaneIPVS),
 		MasqueradeBit: ptrTo[int32](12), // ipvs mode reads iptables.masquerade*
 		MasqueradeAll: ptrTo(true),
@@ -113,7 +113,7 @@ func TestConfigPartialWithOnehopKind(t *testing.T) {
 			TCPBeLiberal:          ptrTo(true),
 			UDPTimeout:            ptrTo(30 * time.Second),
 		},
-		DetectLocal:      &fileDetectLocal{Mode: "InterfaceNamePrefix", InterfaceNamePrefix: "veth"},
+		DetectLocalMode:  ptrTo("NodeCIDR"),
 		Kubeconfig:       ptrTo("/etc/onehop/kubeconfig"),
 		QPS:              ptrTo[float32](50),
 		Burst:            ptrTo[int32](100),
@@ -144,8 +144,8 @@ func TestConfigIgnoredFieldsWarn(t *testing.T) {
 	slices.Sort(fields)
 	want := []string{
 		"configSyncPeriod", "featureGates", "iptables.localhostNodePorts", "ipvs.scheduler",
-		"ipvs.strictARP", "mode", "nftables.masqueradeBit", "nftables.syncPeriod", "oomScoreAdj",
-		"portRange", "winkernel",
+		"mode", "nftables.masqueradeBit", "nftables.syncPeriod",
+		"portRange", "showHiddenMetricsForVersion", "winkernel.enableDSR",
 	}
 	if !slices.Equal(fields, want) {
 		t.Errorf("warned about %q\nwant %q\nwarnings: %q", fields, want, warnings)
@@ -232,8 +232,12 @@ func TestConfigErrors(t *testing.T) {
 			[]string{"healthzBindAddress", "localhost:x"}},
 		{"primary mixed with CIDRs", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnodePortAddresses: [primary, 10.0.0.0/8]\n",
 			[]string{"nodePortAddresses", "primary"}},
-		{"bridge mode without bridge", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: BridgeInterface\n",
-			[]string{"detectLocal.bridgeInterface"}},
+		{"bridge mode", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n",
+			[]string{"detectLocalMode", "BridgeInterface", "ClusterCIDR", "NodeCIDR"}},
+		{"interface prefix mode", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: InterfaceNamePrefix\n",
+			[]string{"detectLocalMode", "InterfaceNamePrefix", "ClusterCIDR", "NodeCIDR"}},
+		{"negative conntrack timeout", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack:\n  udpTimeout: -1s\n",
+			[]string{"conntrack.udpTimeout"}},
 		{"min above max sync period", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  syncPeriod: 1s\n  minSyncPeriod: 5s\n",
 			[]string{"iptables.minSyncPeriod 5s"}},
 		{"two of a kind", "apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\n---\napiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\n",
