@@ -82,6 +82,10 @@ func TestConfigDeployConfigMap(t *testing.T) {
 		*fc.Kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || *fc.HealthzBindAddress != "0.0.0.0:10256" {
 		t.Errorf("loaded %+v", *fc)
 	}
+	// The nftables DaemonSet has a read-only /proc/sys: no sysctl to write.
+	if s := fc.Conntrack.resolve(conntrackDefaults()).sysctls(64); len(s) != 0 {
+		t.Errorf("deploy/'s ConfigMap asks for conntrack sysctls its unprivileged DaemonSet cannot write: %+v", s)
+	}
 }
 
 func TestConfigPartialWithOnehopKind(t *testing.T) {

@@ -2,8 +2,8 @@
 //
 //	agent run        keep the kernel in step with Services and EndpointSlices
 //	agent dump-rules show what the kernel holds, per Service port
-//	agent cleanup    remove everything onehop installed (and, with
-//	                 --kube-proxy-leftovers, kube-proxy's rules)
+//	agent cleanup    remove everything onehop installed (with
+//	                 --kube-proxy-leftovers: only kube-proxy's rules)
 //	agent version    print the version
 package main
 

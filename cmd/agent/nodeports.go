@@ -68,13 +68,22 @@ func (s *nodePortSource) follow(ctx context.Context, log *slog.Logger, changed f
 	errc := make(chan error, 1)
 	go func() {
 		errc <- dataplane.WatchLocalAddrs(ctx, -1, log, []string{ipvs.DummyInterface}, func(addrs []netip.Addr) {
-			if s.setLocal(addrs) {
+			firstCall := false
+			once.Do(func() { firstCall = true })
+			if s.setLocal(addrs) || firstCall {
 				s.mu.Lock()
-				log.Info("NodePort addresses", "addrs", s.addrs, "cidrs", s.cidrs)
+				mine := slices.Clone(s.addrs)
 				s.mu.Unlock()
+				if len(mine) == 0 {
+					log.Warn("no interface address of this node is inside nodePortAddresses", "cidrs", s.cidrs, "node_addrs", addrs)
+				} else {
+					log.Info("NodePort addresses", "addrs", mine, "cidrs", s.cidrs)
+				}
 				changed()
 			}
-			once.Do(func() { close(first) })
+			if firstCall {
+				close(first)
+			}
 		})
 	}()
 	select {
