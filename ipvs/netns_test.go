@@ -3,26 +3,20 @@ package ipvs
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
-
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // requireIPVS skips (on the host) or fails (in the test VM, where IPVS must
@@ -50,35 +44,12 @@ func requireIPVS(t *testing.T) {
 	t.Skip(why)
 }
 
-// inNS runs fn on a fresh OS thread that lives in network namespace ns. The
-// thread is never unlocked, so it dies with the goroutine and no other code
-// ever runs in the wrong namespace.
-func inNS(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // testNet is a node namespace (where the backend runs), a client namespace
 // outside the cluster network and pod namespaces, all joined by veths:
 //
 //	client 192.168.50.2 --- 192.168.50.1 node 10.244.i.1 --- 10.244.i.2 pod i
 type testNet struct {
 	t      *testing.T
-	id     string
 	node   string
 	client string
 	pods   []string
@@ -103,135 +74,25 @@ func podUDP(i int) netip.AddrPort {
 	return netip.MustParseAddrPort(podIP(i) + ":5353")
 }
 
-// mkNS creates a named network namespace with lo up and returns a
-// netlink handle in it; the namespace is deleted when the test ends.
-func mkNS(t *testing.T, name string) (*netlink.Handle, netns.NsHandle) {
-	t.Helper()
-	if err := func() error {
-		errc := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread() // the thread ends up in the new namespace and dies with us
-			h, err := netns.NewNamed(name)
-			if err == nil {
-				h.Close()
-			}
-			errc <- err
-		}()
-		return <-errc
-	}(); err != nil {
-		t.Fatalf("netns %s: %v", name, err)
-	}
-	t.Cleanup(func() { _ = netns.DeleteNamed(name) })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	lo, err := h.LinkByName("lo")
-	if err == nil {
-		err = h.LinkSetUp(lo)
-	}
-	if err != nil {
-		t.Fatalf("lo in %s: %v", name, err)
-	}
-	return h, ns
-}
-
-// upWith sets dev up with address cidr and, when gw is set, a default route.
-func upWith(t *testing.T, h *netlink.Handle, dev, cidr, gw string) {
-	t.Helper()
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatalf("addr %s on %s: %v", cidr, dev, err)
-	}
-	if err := h.LinkSetUp(l); err != nil {
-		t.Fatal(err)
-	}
-	if gw != "" {
-		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
-			t.Fatalf("default via %s: %v", gw, err)
-		}
-	}
-}
-
-// addV6 adds an IPv6 address without duplicate address detection (so it
-// is usable at once) and, when gw is set, a default route.
-func addV6(t *testing.T, h *netlink.Handle, dev, cidr, gw string) {
-	t.Helper()
-	l, err := h.LinkByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Flags = unix.IFA_F_NODAD
-	if err := h.AddrAdd(l, a); err != nil {
-		t.Fatalf("addr %s on %s: %v", cidr, dev, err)
-	}
-	if gw != "" {
-		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
-			t.Fatalf("default via %s: %v", gw, err)
-		}
-	}
-}
-
-// veth makes a veth pair: hostDev in the namespace of h, eth0 in peer.
-func veth(t *testing.T, h *netlink.Handle, hostDev string, peer netns.NsHandle) {
-	t.Helper()
-	la := netlink.NewLinkAttrs()
-	la.Name = hostDev
-	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(peer))}); err != nil {
-		t.Fatalf("veth %s: %v", hostDev, err)
-	}
-}
-
 func newTestNet(t *testing.T, pods int) *testNet {
 	requireIPVS(t)
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	n := &testNet{t: t, id: hex.EncodeToString(b)}
-	n.node, n.client = "ohn-"+n.id, "ohc-"+n.id
-	nh, _ := mkNS(t, n.node)
-	ch, cns := mkNS(t, n.client)
-	veth(t, nh, "c0", cns)
-	upWith(t, nh, "c0", nodeIP+"/24", "")
-	upWith(t, ch, "eth0", clientIP+"/24", nodeIP)
-	addV6(t, nh, "c0", nodeIP6+"/64", "")
-	addV6(t, ch, "eth0", clientIP6+"/64", nodeIP6)
+	n := &testNet{t: t}
+	node, client := nsutil.New(t, "ohn-"), nsutil.New(t, "ohc-")
+	n.node, n.client = node.Name, client.Name
+	nsutil.Veth(t, node, "c0", []string{nodeIP + "/24", nodeIP6 + "/64"}, client, "eth0", []string{clientIP + "/24", clientIP6 + "/64"})
+	client.IP(t, "route", "add", "default", "via", nodeIP)
+	client.IP(t, "-6", "route", "add", "default", "via", nodeIP6)
 	for i := 1; i <= pods; i++ {
-		name := fmt.Sprintf("ohp%d-%s", i, n.id)
-		ph, pns := mkNS(t, name)
-		n.pods = append(n.pods, name)
-		dev := fmt.Sprintf("p%d", i)
-		veth(t, nh, dev, pns)
-		upWith(t, nh, dev, podGW(i)+"/24", "")
-		upWith(t, ph, "eth0", podIP(i)+"/24", podGW(i))
-		addV6(t, nh, dev, fmt.Sprintf("fd00:244:%d::1/64", i), "")
-		addV6(t, ph, "eth0", podIP6(i)+"/64", fmt.Sprintf("fd00:244:%d::1", i))
-		n.serve(i, name)
+		pod := nsutil.New(t, "ohp-")
+		n.pods = append(n.pods, pod.Name)
+		gw6 := fmt.Sprintf("fd00:244:%d::1", i)
+		nsutil.Veth(t, node, fmt.Sprintf("p%d", i), []string{podGW(i) + "/24", gw6 + "/64"}, pod, "eth0", []string{podIP(i) + "/24", podIP6(i) + "/64"})
+		pod.IP(t, "route", "add", "default", "via", podGW(i))
+		pod.IP(t, "-6", "route", "add", "default", "via", gw6)
+		n.serve(i, pod.Name)
 	}
-	if err := inNS(n.node, func() error {
-		if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
-			return err
-		}
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	node.Sysctl(t, "net.ipv6.conf.all.forwarding", "1")
+	node.Sysctl(t, "net.ipv4.ip_forward", "1")
 	return n
 }
 
@@ -241,7 +102,7 @@ func newTestNet(t *testing.T, pods int) *testNet {
 func (n *testNet) serve(i int, ns string) {
 	var ln net.Listener
 	var pc net.PacketConn
-	if err := inNS(ns, func() (err error) {
+	if err := nsutil.Do(ns, func() (err error) {
 		if ln, err = net.Listen("tcp", ":8080"); err != nil {
 			return err
 		}
@@ -297,7 +158,7 @@ type conn struct {
 // dial connects from namespace ns to addr over TCP and reads the greeting.
 func (n *testNet) dial(ns, addr string) (*conn, error) {
 	var c net.Conn
-	if err := inNS(ns, func() (err error) {
+	if err := nsutil.Do(ns, func() (err error) {
 		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
 		return err
 	}); err != nil {
@@ -351,7 +212,7 @@ func (n *testNet) get(t *testing.T, ns, addr string) (string, string) {
 // udp sends one datagram from ns to addr and returns the reply's fields.
 func (n *testNet) udp(ns, addr string) (string, string, error) {
 	var c net.Conn
-	if err := inNS(ns, func() (err error) {
+	if err := nsutil.Do(ns, func() (err error) {
 		c, err = net.Dial("udp", addr)
 		return err
 	}); err != nil {
@@ -387,14 +248,14 @@ func (n *testNet) backend(cfg dataplane.Config, opts ...Option) *backend {
 	n.t.Helper()
 	opts = append([]Option{WithStateFile(filepath.Join(n.t.TempDir(), "state.json"))}, opts...)
 	tb := &backend{t: n.t, ns: n.node}
-	if err := inNS(n.node, func() (err error) {
+	if err := nsutil.Do(n.node, func() (err error) {
 		tb.b, err = New(cfg, opts...)
 		return err
 	}); err != nil {
 		n.t.Fatalf("New: %v", err)
 	}
 	n.t.Cleanup(func() {
-		_ = inNS(n.node, func() error { return tb.b.Cleanup(context.Background()) })
+		_ = nsutil.Do(n.node, func() error { return tb.b.Cleanup(context.Background()) })
 		tb.b.Close()
 	})
 	return tb
@@ -408,7 +269,7 @@ func (tb *backend) sync(full bool, svcs ...*portal.Service) dataplane.SyncStats 
 		snap.Dirty = append(snap.Dirty, s.Key)
 	}
 	var st dataplane.SyncStats
-	if err := inNS(tb.ns, func() (err error) {
+	if err := nsutil.Do(tb.ns, func() (err error) {
 		st, err = tb.b.Sync(context.Background(), snap, full)
 		return err
 	}); err != nil {
@@ -422,7 +283,7 @@ func (tb *backend) remove(keys ...portal.ServiceKey) dataplane.SyncStats {
 	tb.t.Helper()
 	snap := &portal.Snapshot{Node: portal.Node{Name: "node"}, Services: map[portal.ServiceKey]*portal.Service{}, Dirty: keys}
 	var st dataplane.SyncStats
-	if err := inNS(tb.ns, func() (err error) {
+	if err := nsutil.Do(tb.ns, func() (err error) {
 		st, err = tb.b.Sync(context.Background(), snap, false)
 		return err
 	}); err != nil {
@@ -432,7 +293,7 @@ func (tb *backend) remove(keys ...portal.ServiceKey) dataplane.SyncStats {
 }
 
 func (tb *backend) do(fn func(b *Backend) error) error {
-	return inNS(tb.ns, func() error { return fn(tb.b) })
+	return nsutil.Do(tb.ns, func() error { return fn(tb.b) })
 }
 
 func (tb *backend) dump() *dataplane.Dump {

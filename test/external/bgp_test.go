@@ -103,7 +103,7 @@ template bgp nodes {
 protocol bgp node1 from nodes { neighbor 10.0.0.11 as 64513; }
 protocol bgp node2 from nodes { neighbor 10.0.0.12 as 64513; }
 `), 0o644)
-	cmd := exec.Command("ip", "netns", "exec", lab.name("router"), "bird", "-f", "-c", conf, "-s", filepath.Join(lab.dir, "bird.ctl"))
+	cmd := lab.command("router", "bird", "-f", "-c", conf, "-s", filepath.Join(lab.dir, "bird.ctl"))
 	var logb strings.Builder
 	cmd.Stdout, cmd.Stderr = &logb, &logb
 	if err := cmd.Start(); err != nil {
@@ -156,8 +156,8 @@ func (lab *bgpLab) waitHopsFor(t *testing.T, ip, what string, want ...string) ti
 
 // birdc runs a BIRD CLI command in the router and returns its output.
 func (lab *bgpLab) birdc(args ...string) string {
-	argv := append([]string{"netns", "exec", lab.name("router"), "birdc", "-s", filepath.Join(lab.dir, "bird.ctl")}, args...)
-	out, err := exec.Command("ip", argv...).CombinedOutput()
+	argv := append([]string{"birdc", "-s", filepath.Join(lab.dir, "bird.ctl")}, args...)
+	out, err := lab.command("router", argv...).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("%s: %v", out, err)
 	}
@@ -233,7 +233,7 @@ func TestBGPBFDSilentNode(t *testing.T) {
 	lab.exec("node2", "nft", "-f", rules)
 	lab.waitHops(t, "node2 silent", "10.0.0.11")
 	t.Logf("silent node2 removed from the router's FIB after %v (hold time 9 s)", time.Since(t0).Round(time.Millisecond))
-	out, err := exec.Command("ip", "netns", "exec", lab.name("router"), "birdc", "-s", filepath.Join(lab.dir, "bird.ctl"), "show", "protocols", "all", "node2").CombinedOutput()
+	out, err := lab.command("router", "birdc", "-s", filepath.Join(lab.dir, "bird.ctl"), "show", "protocols", "all", "node2").CombinedOutput()
 	if err != nil {
 		t.Fatalf("birdc: %v\n%s", err, out)
 	}

@@ -137,7 +137,7 @@ func (tp *topo) startResponder(n, iface string) *speaker {
 // startHelper re-executes the test binary in namespace n as a helper.
 func (tp *topo) startHelper(n string, env ...string) *speaker {
 	tp.t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", tp.name(n), os.Args[0], "-test.run=^$")
+	cmd := tp.command(n, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
