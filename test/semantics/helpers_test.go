@@ -3,10 +3,7 @@ package semantics_test
 import (
 	"context"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/netns/echo"
 )
@@ -106,34 +102,6 @@ func waitAnswer(t *testing.T, from, proto, addr string, since time.Time) (echo.R
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// agentWires reports whether cmd/agent's sources call fn: the end-to-end
-// tests of a feature the agent does not wire yet skip (naming it) instead of
-// failing. Once wired, they can no longer skip.
-func agentWires(t *testing.T, fn string) bool {
-	t.Helper()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := filepath.Glob(filepath.Join(root, "cmd", "agent", "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(string(b), fn) {
-			return true
-		}
-	}
-	return false
 }
 
 func podNames(pods []*netns.Pod) []string {

@@ -218,9 +218,6 @@ func testExternalLocal(t *testing.T, c *netns.Cluster) {
 		}
 	})
 	t.Run("HealthCheckNodePort", func(t *testing.T) {
-		if !agentWires(t, "NewServiceHealth") {
-			t.Skip("cmd/agent does not wire dataplane.NewServiceHealth (health-check node ports) yet")
-		}
 		polled := time.Now() // the previous subtests took a while since the switch
 		ok := waitHealth(t, c, node1, hc, http.StatusOK, 2, polled)
 		checkHealthAnswer(t, ok, svc, 2)
@@ -524,9 +521,6 @@ func (s *udpSender) summary(since time.Time) string {
 // (0 -> 1). Without conntrack cleanup the entry would keep the flow on the
 // old pod, which still answers here.
 func testUDPCycle(t *testing.T, c *netns.Cluster) {
-	if !agentWires(t, "NewConntrackCleaner") {
-		t.Skip("cmd/agent does not wire dataplane.NewConntrackCleaner (UDP conntrack cleanup) yet")
-	}
 	from := c.Nodes[0].Pods[0]
 	x, y := c.Nodes[1].Pods[0], c.Nodes[1].Pods[1]
 	svc, since := expose(t, c, service("udpcycle", v1.ServiceTypeClusterIP, port("dns", v1.ProtocolUDP, 53, netns.PortDNS)), netns.Ready(x))
@@ -560,9 +554,6 @@ func testUDPCycle(t *testing.T, c *netns.Cluster) {
 // it) gives a Warning event on the Service; once the port is free, the next
 // sync serves it.
 func testHealthCheckPortBusy(t *testing.T, c *netns.Cluster) {
-	if !agentWires(t, "NewServiceHealth") {
-		t.Skip("cmd/agent does not wire dataplane.NewServiceHealth (health-check node ports) yet")
-	}
 	ctx := ctxFor(t)
 	node1 := c.Nodes[0]
 	const hc = 32123
