@@ -16,29 +16,42 @@ import (
 	"github.com/onehop/onehop/portal"
 )
 
-// ConntrackCleaner deletes the UDP and SCTP conntrack entries that a
-// Service change leaves pointing the wrong way, as kube-proxy does. A
-// datagram flow has no handshake to fail: while its entry lives (refreshed
-// by every datagram) new datagrams follow it, so
+// ConntrackCleaner deletes the conntrack entries that a Service change
+// leaves pointing the wrong way. A conntrack entry pins its NAT decision for
+// as long as it lives, and every packet of the same 5-tuple follows it:
 //
-//   - when an endpoint goes away, entries DNATed to it would keep sending
-//     datagrams to a pod that is gone: entries to the Service's cluster,
-//     external and load-balancer IPs and NodePort whose reply source (the
-//     DNAT target) is no longer an endpoint are deleted;
+//   - UDP and SCTP flows have no handshake to fail: while an entry lives
+//     (refreshed by every datagram) new datagrams follow it, as in
+//     kube-proxy;
+//   - a TCP SYN that got no answer (to an endpoint that died before the node
+//     heard of it, or through an address the node did not serve yet) leaves
+//     an entry in SYN_SENT for two minutes, refreshed by every retransmit. A
+//     client that reuses the source port within that time joins the dead
+//     entry instead of being balanced afresh, and its new connection fails
+//     although the Service is healthy. Only such half-open entries are
+//     deleted: an established connection to a terminating endpoint is left
+//     to finish.
+//
+// So, for the Service ports whose change can leave such entries:
+//
+//   - when an endpoint goes away, entries DNATed to it are deleted;
 //   - when a Service port goes from no endpoints to some (or is created, or
 //     re-created), entries made while it had none were not DNATed (routed
 //     elsewhere, or recorded while rejected): entries to those addresses
 //     and the NodePort that were not DNATed are deleted, so the next
-//     datagram is load-balanced;
+//     packet is load-balanced;
 //   - when an address or NodePort is removed from a Service, entries DNATed
 //     through it are deleted.
+//
+// The first Apply after a start treats every Service as new, so entries
+// left from before a restart are checked against the current endpoints.
 //
 // Apply is meant to run after every applied sync (Runner.OnApplied). It
 // remembers the Services it saw (the immutable *portal.Service values, not
 // the snapshot's map) to compare with the next snapshot. Cleaning one
 // change costs one dump of the conntrack table per IP family involved;
-// syncs without UDP or SCTP changes cost a walk over the Services and no
-// netlink message.
+// syncs whose changes cannot leave stale entries cost a walk over the
+// Services and no netlink message.
 //
 // SCTP entries are matched by address only: the netlink library does not
 // decode SCTP ports, so an SCTP flow counts as stale when its destination
@@ -50,8 +63,7 @@ type ConntrackCleaner struct {
 
 	mu     sync.Mutex
 	handle *netlink.Handle
-	// prev holds the Services with UDP or SCTP portals as last cleaned
-	// successfully.
+	// prev holds the Services as last cleaned successfully.
 	prev map[portal.ServiceKey]*portal.Service
 }
 
@@ -205,7 +217,13 @@ func toAddr(ip net.IP) netip.Addr {
 // MatchConntrackFlow reports whether flow is stale.
 func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	proto := flow.Forward.Protocol
-	if proto != uint8(portal.UDP) && proto != uint8(portal.SCTP) {
+	switch proto {
+	case uint8(portal.UDP), uint8(portal.SCTP):
+	case uint8(portal.TCP):
+		if !halfOpen(flow) {
+			return false
+		}
+	default:
 		return false
 	}
 	dst := toAddr(flow.Forward.DstIP)
@@ -218,7 +236,7 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if t, ok := f.vips[ctVIP{proto, dst, dport}]; ok {
 		return t.stale(natted, replySrc)
 	}
-	if proto != uint8(portal.UDP) {
+	if proto == uint8(portal.SCTP) {
 		return false
 	}
 	if t, ok := f.nodePorts[ctNodePort{proto, portal.FamilyOf(dst), dport}]; ok {
@@ -232,26 +250,25 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	return false
 }
 
+// TCP conntrack states of a connection whose SYN got no SYN-ACK
+// (TCP_CONNTRACK_SYN_SENT, and SYN_SENT2 of a simultaneous open).
+const (
+	tcpSynSent  = 1
+	tcpSynSent2 = 9
+)
+
+// halfOpen reports whether a TCP flow never got an answer.
+func halfOpen(flow *netlink.ConntrackFlow) bool {
+	tcp, ok := flow.ProtoInfo.(*netlink.ProtoInfoTCP)
+	return ok && (tcp.State == tcpSynSent || tcp.State == tcpSynSent2)
+}
+
 func (t *ctTarget) stale(natted bool, replySrc netip.AddrPort) bool {
 	if !natted {
 		return t.serving
 	}
 	_, ok := t.endpoints[replySrc]
 	return !ok
-}
-
-// isDatagram reports whether p's protocol needs conntrack cleanup.
-func isDatagram(p *portal.Portal) bool {
-	return p.Key.Protocol == portal.UDP || p.Key.Protocol == portal.SCTP
-}
-
-func hasDatagram(svc *portal.Service) bool {
-	for _, p := range svc.Portals {
-		if isDatagram(p) {
-			return true
-		}
-	}
-	return false
 }
 
 // ctChange is one Service to remember (svc) or forget (svc nil) once the
@@ -279,13 +296,6 @@ func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snap
 		if old == svc {
 			continue
 		}
-		if !hasDatagram(svc) {
-			if old != nil { // its last UDP/SCTP port went away
-				f.addChange(old, nil)
-				changes = append(changes, ctChange{k, nil})
-			}
-			continue
-		}
 		f.addChange(old, svc)
 		changes = append(changes, ctChange{k, svc})
 	}
@@ -299,16 +309,14 @@ func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snap
 	return f, changes
 }
 
-// portalsByKey indexes svc's UDP and SCTP portals.
+// portalsByKey indexes svc's portals.
 func portalsByKey(svc *portal.Service) map[portal.PortKey]*portal.Portal {
 	out := map[portal.PortKey]*portal.Portal{}
 	if svc == nil {
 		return out
 	}
 	for _, p := range svc.Portals {
-		if isDatagram(p) {
-			out[p.Key] = p
-		}
+		out[p.Key] = p
 	}
 	return out
 }
@@ -418,10 +426,10 @@ func (f *conntrackFilter) addPort(o, c *portal.Portal) {
 			f.addVIP(v, gone)
 		}
 	}
-	if either.Key.Protocol != portal.UDP {
+	if either.Key.Protocol == portal.SCTP {
 		return // SCTP NodePorts: ports are not decoded
 	}
-	proto := uint8(portal.UDP)
+	proto := uint8(either.Key.Protocol)
 	if curNP != 0 {
 		f.nodePorts[ctNodePort{proto, family, curNP}] = cur
 	}

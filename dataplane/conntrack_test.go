@@ -57,6 +57,37 @@ func notNATed(proto uint8, dst string, dport uint16) *netlink.ConntrackFlow {
 	return flow(proto, dst, dport, dst, dport)
 }
 
+// inState gives a TCP flow its conntrack state.
+func inState(f *netlink.ConntrackFlow, state uint8) *netlink.ConntrackFlow {
+	f.ProtoInfo = &netlink.ProtoInfoTCP{State: state}
+	return f
+}
+
+const tcpEstablished = 3
+
+func TestConntrackTCPOnlyHalfOpen(t *testing.T) {
+	before := udpService("web", portal.TCP, "10.244.1.10", "10.244.2.10")
+	f, _ := planConntrack(map[portal.ServiceKey]*portal.Service{before.Key: before}, ctSnap(udpService("web", portal.TCP, "10.244.2.10")))
+	checkFlows(t, f, []flowCase{
+		{"SYN_SENT to the gone endpoint", inState(flow(tcp, vip, 53, "10.244.1.10", 5353), tcpSynSent), true},
+		{"SYN_SENT2 to the gone endpoint", inState(flow(tcp, vip, 53, "10.244.1.10", 5353), tcpSynSent2), true},
+		{"SYN_SENT via the NodePort to the gone endpoint", inState(flow(tcp, nodeAddr, 30053, "10.244.1.10", 5353), tcpSynSent), true},
+		{"established to the gone endpoint (left to finish)", inState(flow(tcp, vip, 53, "10.244.1.10", 5353), tcpEstablished), false},
+		{"SYN_SENT to the remaining endpoint", inState(flow(tcp, vip, 53, "10.244.2.10", 5353), tcpSynSent), false},
+		{"no state decoded", flow(tcp, vip, 53, "10.244.1.10", 5353), false},
+	})
+
+	// Created, or served again after having no endpoints: half-open
+	// flows that were not DNATed go.
+	f, _ = planConntrack(nil, ctSnap(udpService("web", portal.TCP, "10.244.2.10")))
+	checkFlows(t, f, []flowCase{
+		{"SYN_SENT not DNATed", inState(notNATed(tcp, extVIP, 53), tcpSynSent), true},
+		{"SYN_SENT to a NodePort, not DNATed", inState(notNATed(tcp, nodeAddr, 30053), tcpSynSent), true},
+		{"established, not DNATed", inState(notNATed(tcp, extVIP, 53), tcpEstablished), false},
+		{"SYN_SENT to an endpoint that is not the Service's (left from before a start)", inState(flow(tcp, vip, 53, "10.244.9.9", 5353), tcpSynSent), true},
+	})
+}
+
 type flowCase struct {
 	name  string
 	flow  *netlink.ConntrackFlow
@@ -97,27 +128,27 @@ func TestConntrackEndpointGone(t *testing.T) {
 
 func TestConntrackNoChangeNoWork(t *testing.T) {
 	svc := udpService("dns", portal.UDP, "10.244.1.10")
-	tcpOnly := udpService("web", portal.TCP, "10.244.1.10")
-	prev := map[portal.ServiceKey]*portal.Service{svc.Key: svc}
-	f, changes := planConntrack(prev, ctSnap(svc, tcpOnly))
+	tcpSvc := udpService("web", portal.TCP, "10.244.1.10")
+	prev := map[portal.ServiceKey]*portal.Service{svc.Key: svc, tcpSvc.Key: tcpSvc}
+	f, changes := planConntrack(prev, ctSnap(svc, tcpSvc))
 	if !f.empty() {
-		t.Errorf("unchanged UDP Service and a TCP Service gave work: %+v", f)
+		t.Errorf("unchanged UDP and TCP Services gave work: %+v", f)
 	}
 	if len(changes) != 0 {
-		t.Errorf("changes %+v, want none (unchanged UDP Service, TCP-only Service)", changes)
+		t.Errorf("changes %+v, want none (unchanged Services)", changes)
 	}
 	// Apply needs no netlink socket when nothing is stale (and this one,
 	// in the test's own namespace, must not touch it).
 	c := NewConntrackCleaner(nil, -1)
-	c.prev = map[portal.ServiceKey]*portal.Service{svc.Key: svc}
-	if n, err := c.Apply(ctSnap(svc, tcpOnly)); n != 0 || err != nil {
+	c.prev = map[portal.ServiceKey]*portal.Service{svc.Key: svc, tcpSvc.Key: tcpSvc}
+	if n, err := c.Apply(ctSnap(svc, tcpSvc)); n != 0 || err != nil {
 		t.Errorf("Apply with nothing to clean: %d, %v", n, err)
 	}
-	if c.handle != nil || len(c.prev) != 1 || c.prev[svc.Key] != svc {
-		t.Errorf("after Apply: handle %v, remembered %v; want no socket and only dns", c.handle, c.prev)
+	if c.handle != nil || len(c.prev) != 2 || c.prev[svc.Key] != svc {
+		t.Errorf("after Apply: handle %v, remembered %v; want no socket and both Services", c.handle, c.prev)
 	}
 	// A new endpoint next to a kept one leaves nothing stale.
-	f, _ = planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10")))
+	f, _ = planConntrack(prev, ctSnap(udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10"), tcpSvc))
 	if !f.empty() {
 		t.Errorf("an added endpoint gave work: %+v", f)
 	}
