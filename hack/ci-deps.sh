@@ -2,12 +2,13 @@
 # ci-deps.sh installs the Debian packages the tests and the demo need:
 # iproute2 (ip netns, veth, bridges), bird2 (the BGP peer of test/external),
 # nftables (nft, for debugging output and
-# rule dumps), conntrack (flow-table inspection), procps, util-linux (flock)
-# and kmod (modprobe). Idempotent: it does nothing, quietly, when everything is
+# rule dumps), conntrack (flow-table inspection), procps, util-linux (flock),
+# kmod (modprobe) and iptables (the kube-proxy leftovers that `agent cleanup`
+# removes are made with it). Idempotent: it does nothing, quietly, when everything is
 # present, and runs `apt-get update` at most once otherwise.
 set -euo pipefail
 
-pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod bird2)
+pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod bird2 iptables)
 
 missing=()
 for p in "${pkgs[@]}"; do
