@@ -143,17 +143,25 @@ func TestWaitForPodCIDRs(t *testing.T) {
 	}
 }
 
-// staticSource hands out one snapshot.
-type staticSource struct{ addrs []netip.Addr }
+// staticSource hands out the same snapshot every time, as a model that
+// does not change.
+type staticSource struct {
+	addrs []netip.Addr
+	svcs  map[portal.ServiceKey]*portal.Service
+}
 
 func (s staticSource) Snapshot() (*portal.Snapshot, []time.Time) {
-	return &portal.Snapshot{Node: portal.Node{Name: "n", NodePortAddrs: s.addrs}}, nil
+	snap := &portal.Snapshot{Node: portal.Node{Name: "n", NodePortAddrs: s.addrs}, Services: s.svcs}
+	for k := range s.svcs {
+		snap.Dirty = append(snap.Dirty, k)
+	}
+	return snap, nil
 }
 
 // With CIDRs, NodePorts follow the node's interface addresses inside them,
 // not the Node object's addresses.
 func TestNodePortSource(t *testing.T) {
-	src := newNodePortSource(staticSource{[]netip.Addr{netip.MustParseAddr("10.0.0.1")}},
+	src := newNodePortSource(staticSource{addrs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}},
 		[]netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("::/0")})
 	local := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("192.168.3.4"),
 		netip.MustParseAddr("192.169.0.1"), netip.MustParseAddr("2001:db8::5")}

@@ -59,15 +59,16 @@ func (s *nodePortSource) setLocal(local []netip.Addr) bool {
 	return true
 }
 
-// follow keeps the addresses in step with the node's interfaces until ctx
-// ends, calling changed after each change. It returns once the first list
-// is in, so that the first sync serves NodePorts where it should.
-func (s *nodePortSource) follow(ctx context.Context, log *slog.Logger, changed func()) error {
+// follow keeps the addresses in step with the interfaces of the network
+// namespace behind netnsFD (-1: the agent's) until ctx ends, calling
+// changed after each change. It returns once the first list is in, so that
+// the first sync serves NodePorts where it should.
+func (s *nodePortSource) follow(ctx context.Context, netnsFD int, log *slog.Logger, changed func()) error {
 	first := make(chan struct{})
 	var once sync.Once
 	errc := make(chan error, 1)
 	go func() {
-		errc <- dataplane.WatchLocalAddrs(ctx, -1, log, []string{ipvs.DummyInterface}, func(addrs []netip.Addr) {
+		errc <- dataplane.WatchLocalAddrs(ctx, netnsFD, log, []string{ipvs.DummyInterface}, func(addrs []netip.Addr) {
 			firstCall := false
 			once.Do(func() { firstCall = true })
 			if s.setLocal(addrs) || firstCall {

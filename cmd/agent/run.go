@@ -422,7 +422,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		// followed as they change.
 		nps := newNodePortSource(tracker, f.nodePorts.CIDRs)
 		snapSrc = nps
-		if err := nps.follow(ctx, log, func() {
+		if err := nps.follow(ctx, -1, log, func() {
 			if runner != nil {
 				runner.Trigger()
 			}
