@@ -420,9 +420,8 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 		if err != nil {
 			return nil, err
 		}
-		if len(fc.ClusterCIDRs) > 2 || (len(fc.ClusterCIDRs) == 2 &&
-			fc.ClusterCIDRs[0].Addr().Is4() == fc.ClusterCIDRs[1].Addr().Is4()) {
-			return nil, fmt.Errorf("clusterCIDR %q: want one CIDR, or two of different IP families", kp.ClusterCIDR)
+		if err := checkClusterCIDRs("clusterCIDR", fc.ClusterCIDRs); err != nil {
+			return nil, err
 		}
 	}
 
@@ -489,18 +488,15 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 	if masqFrom.masqAll {
 		fc.MasqueradeAll = &masqFrom.masqAll
 	}
-	if periodsFrom.syncPeriod < 0 || periodsFrom.minSync < 0 {
-		return nil, fmt.Errorf("%s.syncPeriod and minSyncPeriod must not be negative", periodsFrom.name)
+	if err := checkSyncPeriods(periodsFrom.name+".syncPeriod", periodsFrom.name+".minSyncPeriod",
+		periodsFrom.syncPeriod, periodsFrom.minSync); err != nil {
+		return nil, err
 	}
 	if periodsFrom.syncPeriod > 0 {
 		fc.SyncPeriod = &periodsFrom.syncPeriod
 	}
 	if periodsFrom.minSync > 0 {
 		fc.MinSyncPeriod = &periodsFrom.minSync
-	}
-	if fc.SyncPeriod != nil && fc.MinSyncPeriod != nil && *fc.MinSyncPeriod > *fc.SyncPeriod {
-		return nil, fmt.Errorf("%s.minSyncPeriod %v is longer than syncPeriod %v",
-			periodsFrom.name, *fc.MinSyncPeriod, *fc.SyncPeriod)
 	}
 	for _, s := range unusedSections {
 		why := fmt.Sprintf("mode is %q, so kube-proxy used the %s section", mode, periodsFrom.name)
@@ -568,8 +564,8 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 	if cc.Kubeconfig != "" {
 		fc.Kubeconfig = &cc.Kubeconfig
 	}
-	if cc.QPS < 0 || cc.Burst < 0 {
-		return nil, fmt.Errorf("clientConnection.qps and burst must not be negative")
+	if err := checkClientRate("clientConnection.qps", "clientConnection.burst", float64(cc.QPS), int(cc.Burst)); err != nil {
+		return nil, err
 	}
 	if cc.QPS > 0 {
 		fc.QPS = &cc.QPS
@@ -584,12 +580,11 @@ func (fc *fileConfig) applyKubeProxy(kp *kubeproxy.KubeProxyConfiguration, oh *o
 		fc.ContentType = &cc.ContentType
 	}
 
-	switch f := kp.Logging.Format; f {
-	case "":
-	case "text", "json":
+	if f := kp.Logging.Format; f != "" {
+		if err := checkLogFormat("logging.format", f); err != nil {
+			return nil, err
+		}
 		fc.LogFormat = &f
-	default:
-		return nil, fmt.Errorf("logging.format %q: want text or json", f)
 	}
 	if v := uint32(kp.Logging.Verbosity); v > 0 {
 		fc.LogVerbosity = &v

@@ -287,6 +287,30 @@ func (f *runFlags) validate() error {
 			return err
 		}
 	}
+	cluster, _ := parsePrefixes("cluster-cidr", f.clusterCIDR)
+	if err := checkClusterCIDRs("--cluster-cidr", cluster); err != nil {
+		return err
+	}
+	if err := checkSyncPeriods("--sync-period", "--min-sync-period", f.syncPeriod, f.minSyncPeriod); err != nil {
+		return err
+	}
+	if err := checkClientRate("--kube-api-qps", "--kube-api-burst", f.qps, f.burst); err != nil {
+		return err
+	}
+	if err := checkLogFormat("--log-format", f.logFormat); err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		flag string
+		addr *string
+		port string
+	}{{"--healthz-bind-address", &f.healthzAddr, configHealthzPort}, {"--metrics-bind-address", &f.metricsAddr, configMetricsPort}} {
+		hp, err := configHostPort(a.flag, *a.addr, a.port)
+		if err != nil {
+			return err
+		}
+		*a.addr = hp // a bare IP gets kube-proxy's port, as in the file
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 )
 
 // The checks below are shared by the flags and the --config file, so that
@@ -86,4 +87,39 @@ func checkDetectLocalMode(mode string) error {
 			name, mode, detectLocalClusterCIDR, detectLocalNodeCIDR)
 	}
 	return fmt.Errorf("%s %q: want %s or %s", name, mode, detectLocalClusterCIDR, detectLocalNodeCIDR)
+}
+
+// checkClusterCIDRs accepts one pod CIDR, or two of different IP families.
+func checkClusterCIDRs(name string, ps []netip.Prefix) error {
+	if len(ps) > 2 || (len(ps) == 2 && ps[0].Addr().Is4() == ps[1].Addr().Is4()) {
+		return fmt.Errorf("%s %v: want one CIDR, or two of different IP families", name, ps)
+	}
+	return nil
+}
+
+// checkSyncPeriods refuses negative periods and a minimum above the maximum.
+func checkSyncPeriods(syncName, minName string, sync, minSync time.Duration) error {
+	if sync < 0 || minSync < 0 {
+		return fmt.Errorf("%s and %s must not be negative", syncName, minName)
+	}
+	if sync > 0 && minSync > sync {
+		return fmt.Errorf("%s %v is longer than %s %v", minName, minSync, syncName, sync)
+	}
+	return nil
+}
+
+// checkClientRate refuses a negative QPS or burst towards the API server.
+func checkClientRate(qpsName, burstName string, qps float64, burst int) error {
+	if qps < 0 || burst < 0 {
+		return fmt.Errorf("%s and %s must not be negative", qpsName, burstName)
+	}
+	return nil
+}
+
+// checkLogFormat accepts text and json.
+func checkLogFormat(name, f string) error {
+	if f != "text" && f != "json" {
+		return fmt.Errorf("%s %q: want text or json", name, f)
+	}
+	return nil
 }

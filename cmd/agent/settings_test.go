@@ -161,3 +161,39 @@ func TestApplyConntrackExplicitIsFatal(t *testing.T) {
 		t.Errorf("explicit setting that cannot be written: err %v", err)
 	}
 }
+
+// Every setting with both a flag and a field is checked by the same
+// function: both refuse the same bad values and resolve good ones alike.
+func TestFlagsAndFileShareValidation(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		file  string
+		ok    bool
+	}{
+		{"cluster CIDRs of one family", []string{"--cluster-cidr", "10.0.0.0/8,11.0.0.0/8"}, "clusterCIDR: 10.0.0.0/8,11.0.0.0/8\n", false},
+		{"dual-stack cluster CIDRs", []string{"--cluster-cidr", "10.0.0.0/8,fd00::/48"}, "clusterCIDR: 10.0.0.0/8,fd00::/48\n", true},
+		{"min sync above sync", []string{"--sync-period", "1s", "--min-sync-period", "5s"}, "iptables:\n  syncPeriod: 1s\n  minSyncPeriod: 5s\n", false},
+		{"negative qps", []string{"--kube-api-qps", "-1"}, "clientConnection:\n  qps: -1\n", false},
+		{"log format", []string{"--log-format", "xml"}, "logging:\n  format: xml\n", false},
+		{"bad healthz address", []string{"--healthz-bind-address", "localhost:x"}, "healthzBindAddress: localhost:x\n", false},
+		{"bare healthz IP", []string{"--healthz-bind-address", "127.0.0.1"}, "healthzBindAddress: 127.0.0.1\n", true},
+		{"detect-local NodeCIDR", []string{"--detect-local-mode", "NodeCIDR"}, "detectLocalMode: NodeCIDR\n", true},
+		{"detect-local bridge", []string{"--detect-local-mode", "BridgeInterface"}, "detectLocalMode: BridgeInterface\n", false},
+		{"detect-local typo", []string{"--detect-local-mode", "nodecidr"}, "detectLocalMode: nodecidr\n", false},
+		{"negative conntrack min", []string{"--conntrack-min", "-1"}, "conntrack:\n  min: -1\n", false},
+		{"oom score", []string{"--oom-score-adj", "-1001"}, "oomScoreAdj: -1001\n", false},
+	} {
+		flagF, _, flagErr := parseRunFlags(tc.flags, io.Discard)
+		fileF, _, fileErr := parseRunFlags([]string{"--config", writeConfig(t, head+tc.file)}, io.Discard)
+		if (flagErr == nil) != tc.ok || (fileErr == nil) != tc.ok {
+			t.Errorf("%s: flag err %v, file err %v; want ok=%v from both", tc.name, flagErr, fileErr, tc.ok)
+			continue
+		}
+		if tc.ok && (flagF.clusterCIDR != fileF.clusterCIDR || flagF.healthzAddr != fileF.healthzAddr ||
+			flagF.detectLocalMode != fileF.detectLocalMode) {
+			t.Errorf("%s: flag resolved %+v, file %+v", tc.name, *flagF, *fileF)
+		}
+	}
+}
