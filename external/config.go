@@ -111,9 +111,11 @@ func (t LeaseTiming) withDefaults() LeaseTiming {
 		t.Duration.Duration = 15 * time.Second
 	}
 	if t.RenewDeadline.Duration <= 0 || t.RenewDeadline.Duration >= t.Duration.Duration {
-		t.RenewDeadline.Duration = t.Duration.Duration * 2 / 3
+		t.RenewDeadline.Duration = t.Duration.Duration / 3 * 2
 	}
-	if t.RetryPeriod.Duration <= 0 || t.RetryPeriod.Duration >= t.RenewDeadline.Duration {
+	// Leader election wants the renew deadline above 1.2 retry periods
+	// (leaderelection.JitterFactor), computed as client-go does.
+	if t.RetryPeriod.Duration <= 0 || t.RenewDeadline.Duration <= time.Duration(1.2*float64(t.RetryPeriod.Duration)) {
 		t.RetryPeriod.Duration = t.RenewDeadline.Duration / 5
 	}
 	return t
@@ -132,6 +134,9 @@ func (c Config) parse() (*parsed, error) {
 		p.LeaseNamespace = "kube-system"
 	}
 	p.LeaderLease = p.LeaderLease.withDefaults()
+	if p.LeaderLease.RetryPeriod.Duration <= 0 {
+		return nil, fmt.Errorf("leaderLease: duration %v is too short to elect a leader", p.LeaderLease.Duration)
+	}
 	for _, pc := range c.Pools {
 		o := ipam.PoolOptions{
 			AutoAssign: pc.AutoAssign == nil || *pc.AutoAssign, AllowPods: pc.AllowPods,
