@@ -2,6 +2,7 @@ package conntrack_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -136,10 +137,9 @@ func startSender(t *testing.T, from *nsutil.NS, addr string) *sender {
 			_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 			n, err := c.Read(buf)
 			a := answer{at: time.Now()}
-			if err == nil {
-				if f := strings.Fields(string(buf[:n])); len(f) > 0 {
-					a.pod = f[0]
-				}
+			var r nsutil.Reply
+			if err == nil && json.Unmarshal(buf[:n], &r) == nil {
+				a.pod = r.Name
 			}
 			s.mu.Lock()
 			s.answers = append(s.answers, a)

@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/test/cluster"
-	"github.com/onehop/onehop/test/netns/echo"
 	"github.com/onehop/onehop/test/nsutil"
 )
 
@@ -55,7 +54,7 @@ type Cluster struct {
 
 	mu         sync.Mutex
 	namespaces []string
-	servers    []*echo.Server
+	servers    []*nsutil.EchoServer
 	closed     bool
 	stopSignal func()
 }
@@ -83,7 +82,7 @@ type Pod struct {
 	IP    string
 	IP6   string
 	Node  *Node
-	Echo  *echo.Server
+	Echo  *nsutil.EchoServer
 }
 
 // New builds the cluster: namespaces, links, control plane, Node objects,

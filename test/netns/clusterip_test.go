@@ -7,7 +7,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // A pod reaches every endpoint, on both nodes, through the cluster IP, and
@@ -36,20 +36,20 @@ func testClusterIPFromPod(t *testing.T, c *netns.Cluster, lat *latencies) {
 }
 
 // askUntil requests until target answers (bounded) and returns that reply.
-func askUntil(t *testing.T, from, proto, addr string, target *netns.Pod) echo.Reply {
+func askUntil(t *testing.T, from, proto, addr string, target *netns.Pod) nsutil.Reply {
 	t.Helper()
 	ctx := ctxFor(t)
 	for i := 0; i < 200; i++ {
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		if err != nil {
 			t.Fatalf("%s %s: %v", proto, addr, err)
 		}
-		if rep.Pod == target.Name {
+		if rep.Name == target.Name {
 			return rep
 		}
 	}
 	t.Fatalf("%s %s: %s never answered in 200 requests", proto, addr, target.Name)
-	return echo.Reply{}
+	return nsutil.Reply{}
 }
 
 // Two ports of one Service reach their own target ports.
@@ -71,7 +71,7 @@ func testMultiPort(t *testing.T, c *netns.Cluster, lat *latencies) {
 		}
 		lat.add(t, "multi-port service", d)
 		for i := 0; i < 8; i++ {
-			rep, err := echo.Request(ctx, from.Netns, "tcp", addr)
+			rep, err := nsutil.Request(ctx, from.Netns, "tcp", addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func testSamePortTCPAndUDP(t *testing.T, c *netns.Cluster, lat *latencies) {
 			t.Fatal(err)
 		}
 		lat.add(t, "port 53 "+proto, d)
-		rep, err := echo.Request(ctx, from.Netns, proto, addr)
+		rep, err := nsutil.Request(ctx, from.Netns, proto, addr)
 		if err != nil {
 			t.Fatal(err)
 		}

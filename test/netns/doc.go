@@ -5,7 +5,7 @@
 //     test/cluster), reachable on the node segment;
 //   - N node namespaces, each running a real `agent` process, each with a
 //     bridge (cbr0) and pod namespaces veth'ed into it; every pod runs an
-//     echo server (package test/netns/echo) on TCP and UDP;
+//     echo server (test/nsutil's ServeEcho) on TCP and UDP;
 //   - a router namespace joining the node segment (192.0.2.0/24) with the
 //     external client's segment (198.51.100.0/24) and routing the external
 //     service range (203.0.113.0/24) to a node;

@@ -8,7 +8,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
 	"github.com/onehop/onehop/test/nsutil"
 )
 
@@ -61,7 +60,7 @@ func testLoadBalancerIngress(t *testing.T, c *netns.Cluster, lat *latencies) {
 	svc, _ := expose(t, c, service("lb", v1.ServiceTypeLoadBalancer, port("http", v1.ProtocolTCP, 80, netns.PortHTTP)), pods)
 	ingress := netns.ExternalIP(20).String()
 	addr := hostPort(ingress, 80)
-	if _, err := echo.Request(ctx, c.ClientNetns, "tcp", addr); err == nil {
+	if _, err := nsutil.Request(ctx, c.ClientNetns, "tcp", addr); err == nil {
 		t.Fatalf("%s answered before the service had that ingress IP", addr)
 	}
 	if _, err := c.SetLoadBalancerIngress(ctx, svc, ingress); err != nil {
@@ -99,12 +98,12 @@ func testLoadBalancerLocal(t *testing.T, c *netns.Cluster, lat *latencies) {
 	}
 	lat.add(t, "LB ingress, externalTrafficPolicy Local", d)
 	for i := 0; i < 10; i++ {
-		rep, err := echo.Request(ctx, c.ClientNetns, "tcp", addr)
+		rep, err := nsutil.Request(ctx, c.ClientNetns, "tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if rep.SourceIP() != netns.ClientIP().String() {
-			t.Errorf("%s saw source %s, want the client's %s", rep.Pod, rep.SourceIP(), netns.ClientIP())
+			t.Errorf("%s saw source %s, want the client's %s", rep.Name, rep.SourceIP(), netns.ClientIP())
 		}
 	}
 }

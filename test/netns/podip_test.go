@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // A Pod annotated onehop.io/external-ip gets that IP 1:1 through the real
@@ -37,7 +37,7 @@ func TestPodExternalIP(t *testing.T) {
 	first, second := c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]
 
 	// The client runs a server the pod can call.
-	srv, err := echo.Serve(c.ClientNetns, "client", []int{9090}, []int{9090}, nil)
+	srv, err := nsutil.ServeEcho(c.ClientNetns, "client", []int{9090}, []int{9090}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,10 +76,10 @@ func TestPodExternalIP(t *testing.T) {
 		began := time.Now()
 		claim(p)
 		addr := net.JoinHostPort(ext.String(), strconv.Itoa(netns.PortHTTP))
-		var r echo.Reply
+		var r nsutil.Reply
 		for {
-			r, err = echo.Request(ctx, c.ClientNetns, "tcp", addr)
-			if err == nil && r.Pod == p.Name {
+			r, err = nsutil.Request(ctx, c.ClientNetns, "tcp", addr)
+			if err == nil && r.Name == p.Name {
 				break
 			}
 			if time.Since(began) > 30*time.Second {
@@ -93,7 +93,7 @@ func TestPodExternalIP(t *testing.T) {
 			t.Errorf("inbound: the pod saw %s, want the client's %s", r.Source, netns.ClientIP())
 		}
 		for _, proto := range []string{"tcp", "udp"} {
-			out, err := echo.Request(ctx, p.Netns, proto, net.JoinHostPort(netns.ClientIP().String(), "9090"))
+			out, err := nsutil.Request(ctx, p.Netns, proto, net.JoinHostPort(netns.ClientIP().String(), "9090"))
 			if err != nil {
 				t.Fatalf("%s from the pod to the client: %v", proto, err)
 			}

@@ -1,11 +1,9 @@
 package netns
 
-import (
-	"github.com/onehop/onehop/test/netns/echo"
-)
+import "github.com/onehop/onehop/test/nsutil"
 
-func startEcho(p *Pod, c *Cluster) (*echo.Server, error) {
-	s, err := echo.Serve(p.Netns, p.Name, EchoTCPPorts(), EchoUDPPorts(), c.log)
+func startEcho(p *Pod, c *Cluster) (*nsutil.EchoServer, error) {
+	s, err := nsutil.ServeEcho(p.Netns, p.Name, EchoTCPPorts(), EchoUDPPorts(), c.log)
 	if err != nil {
 		return nil, err
 	}

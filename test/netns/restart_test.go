@@ -10,7 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // outcome is one request of the steady loop.
@@ -34,9 +34,9 @@ func testAgentRestart(t *testing.T, c *netns.Cluster, lat *latencies) {
 		t.Fatal(err)
 	}
 
-	var conns []*echo.Conn
+	var conns []*nsutil.EchoConn
 	for i := 0; i < 4; i++ {
-		conn, err := echo.Dial(ctx, from.Netns, addr)
+		conn, err := nsutil.DialEcho(ctx, from.Netns, addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +62,7 @@ func testAgentRestart(t *testing.T, c *netns.Cluster, lat *latencies) {
 	go func() {
 		defer wg.Done()
 		for loopCtx.Err() == nil {
-			_, err := echo.Request(loopCtx, from.Netns, "tcp", addr)
+			_, err := nsutil.Request(loopCtx, from.Netns, "tcp", addr)
 			if loopCtx.Err() != nil {
 				return
 			}

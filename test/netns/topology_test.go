@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onehop/onehop/test/netns/echo"
 	"github.com/onehop/onehop/test/nsutil"
 )
 
@@ -52,12 +51,12 @@ func TestTopologyRoutes(t *testing.T) {
 			} {
 				proto := pp.proto
 				addr := net.JoinHostPort(pp.to, strconv.Itoa(PortHTTP))
-				rep, err := echo.Request(ctx, from.netns, proto, addr)
+				rep, err := nsutil.Request(ctx, from.netns, proto, addr)
 				if err != nil {
 					t.Errorf("%s -> %s %s: %v", from.name, proto, addr, err)
 					continue
 				}
-				if rep.Pod != to.Name || rep.SourceIP() != pp.from || rep.Proto != proto {
+				if rep.Name != to.Name || rep.SourceIP() != pp.from || rep.Proto != proto {
 					t.Errorf("%s -> %s %s: reply %+v", from.name, proto, addr, rep)
 				}
 			}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // ConvergeTimeout bounds how long traffic may take to follow an API change.
@@ -42,18 +42,18 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 		last   string
 	)
 	for {
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		switch {
 		case err != nil:
 			last, streak = err.Error(), 0
-		case !allowed[rep.Pod]:
-			last, streak = fmt.Sprintf("answered by %s, not one of %s", rep.Pod, names(want)), 0
+		case !allowed[rep.Name]:
+			last, streak = fmt.Sprintf("answered by %s, not one of %s", rep.Name, names(want)), 0
 		default:
 			if streak == 0 {
 				seen, all = map[string]int{}, time.Time{}
 			}
 			streak++
-			seen[rep.Pod]++
+			seen[rep.Name]++
 			if len(seen) == len(want) && all.IsZero() {
 				all = time.Now()
 			}
@@ -73,11 +73,11 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 
 // WaitAnswer polls until proto addr answers once from namespace from and
 // returns that reply and the time since since.
-func WaitAnswer(ctx context.Context, from, proto, addr string, since time.Time) (echo.Reply, time.Duration, error) {
+func WaitAnswer(ctx context.Context, from, proto, addr string, since time.Time) (nsutil.Reply, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, ConvergeTimeout)
 	defer cancel()
 	for {
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		if err == nil {
 			return rep, time.Since(since), nil
 		}
@@ -102,7 +102,7 @@ func WaitUnserved(ctx context.Context, from, proto, addr string, since time.Time
 	)
 	for {
 		at := time.Now()
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		if err != nil && ctx.Err() == nil {
 			if streak == 0 {
 				streakStart = at
@@ -114,7 +114,7 @@ func WaitUnserved(ctx context.Context, from, proto, addr string, since time.Time
 			continue
 		}
 		if err == nil {
-			last, streak = "answered by "+rep.Pod, 0
+			last, streak = "answered by "+rep.Name, 0
 		}
 		select {
 		case <-ctx.Done():

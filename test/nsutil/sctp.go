@@ -2,7 +2,7 @@ package nsutil
 
 import (
 	"errors"
-	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -17,7 +17,7 @@ var ErrNoSCTP = errors.New("the kernel has no SCTP support")
 
 // sctpSocket opens a one-to-one (SOCK_STREAM) SCTP socket. The Go standard
 // library has no SCTP; one-to-one sockets work with plain connect, accept,
-// read and write, and net.FileConn wraps them.
+// read and write, and net.FileConn and net.FileListener wrap them.
 func sctpSocket(v6 bool) (int, error) {
 	af := unix.AF_INET
 	if v6 {
@@ -37,52 +37,34 @@ func sockaddr(ap netip.AddrPort) unix.Sockaddr {
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 }
 
-// EchoSCTP serves SCTP on port (IPv4, any address) inside n, answering like
-// Echo. It returns ErrNoSCTP when the kernel lacks SCTP.
+// EchoSCTP runs an echo server named name on SCTP port (IPv4, any address)
+// inside n until the test ends. It returns ErrNoSCTP when the kernel lacks
+// SCTP.
 func (n *NS) EchoSCTP(t testing.TB, name string, port uint16) error {
 	t.Helper()
-	var fd int
+	var l net.Listener
 	err := n.Do(func() error {
-		var err error
-		if fd, err = sctpSocket(false); err != nil {
+		fd, err := sctpSocket(false)
+		if err != nil {
 			return err
 		}
+		f := os.NewFile(uintptr(fd), "sctp-listener")
+		defer f.Close() // FileListener holds its own copy
 		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(port)}); err != nil {
 			return err
 		}
-		return unix.Listen(fd, 16)
+		if err := unix.Listen(fd, 16); err != nil {
+			return err
+		}
+		l, err = net.FileListener(f)
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), "sctp-listener")
-	t.Cleanup(func() { f.Close() })
-	go func() {
-		for {
-			cfd, _, err := unix.Accept(fd)
-			if err != nil {
-				return
-			}
-			go func() {
-				c := os.NewFile(uintptr(cfd), "sctp-conn")
-				defer c.Close()
-				buf := make([]byte, 512)
-				sa, _ := unix.Getpeername(cfd)
-				peer := ""
-				if s4, ok := sa.(*unix.SockaddrInet4); ok {
-					peer = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port)).String()
-				}
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "%s %s\n", name, peer); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	s := &EchoServer{Name: name, log: slog.New(slog.DiscardHandler), conns: map[net.Conn]struct{}{}}
+	s.serveListener(l, "sctp")
+	t.Cleanup(s.Close)
 	return nil
 }
 

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 func ctxFor(t *testing.T) context.Context {
@@ -85,13 +85,13 @@ func logLatency(t *testing.T, what string, d time.Duration) {
 
 // waitAnswer polls proto addr from namespace from until any request is
 // answered and returns the time since since.
-func waitAnswer(t *testing.T, from, proto, addr string, since time.Time) (echo.Reply, time.Duration) {
+func waitAnswer(t *testing.T, from, proto, addr string, since time.Time) (nsutil.Reply, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctxFor(t), netns.ConvergeTimeout)
 	defer cancel()
 	var last error
 	for {
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		if err == nil {
 			return rep, time.Since(since)
 		}

@@ -18,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
 	"github.com/onehop/onehop/test/nsutil"
 )
 
@@ -52,11 +51,11 @@ func askN(t *testing.T, from, proto, addr string, n int) map[string]int {
 	ctx := ctxFor(t)
 	seen := map[string]int{}
 	for i := 0; i < n; i++ {
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		if err != nil {
 			t.Fatalf("%s %s from %s: %v", proto, addr, from, err)
 		}
-		seen[rep.Pod]++
+		seen[rep.Name]++
 	}
 	return seen
 }
@@ -75,15 +74,15 @@ func waitSticky(t *testing.T, from, proto, addr string, need int, since time.Tim
 	)
 	for {
 		at := time.Now()
-		rep, err := echo.Request(ctx, from, proto, addr)
+		rep, err := nsutil.Request(ctx, from, proto, addr)
 		switch {
 		case err != nil:
 			streak, last = 0, err.Error()
-		case streak > 0 && rep.Pod == pod:
+		case streak > 0 && rep.Name == pod:
 			streak++
 		default:
-			pod, streak, streakStart = rep.Pod, 1, at
-			last = "switched to " + rep.Pod
+			pod, streak, streakStart = rep.Name, 1, at
+			last = "switched to " + rep.Name
 		}
 		if streak >= need {
 			return pod, streakStart.Sub(since)
@@ -157,14 +156,14 @@ func waitClientSource(t *testing.T, c *netns.Cluster, addr string, want []*netns
 	began := time.Now()
 	streak, last := 0, ""
 	for streak < need {
-		rep, err := echo.Request(ctx, c.ClientNetns, "tcp", addr)
+		rep, err := nsutil.Request(ctx, c.ClientNetns, "tcp", addr)
 		switch {
 		case err != nil:
 			streak, last = 0, err.Error()
-		case !allowed[rep.Pod]:
-			streak, last = 0, "answered by "+rep.Pod+", not a local endpoint"
+		case !allowed[rep.Name]:
+			streak, last = 0, "answered by "+rep.Name+", not a local endpoint"
 		case rep.SourceIP() != netns.ClientIP().String():
-			streak, last = 0, fmt.Sprintf("%s saw source %s, not the client's %s", rep.Pod, rep.SourceIP(), netns.ClientIP())
+			streak, last = 0, fmt.Sprintf("%s saw source %s, not the client's %s", rep.Name, rep.SourceIP(), netns.ClientIP())
 		default:
 			streak++
 		}
@@ -212,7 +211,7 @@ func testExternalLocal(t *testing.T, c *netns.Cluster) {
 			t.Fatalf("node without local endpoints: %v", err)
 		}
 		logLatency(t, "Local: node without local endpoints stops answering", d)
-		_, err = echo.Request(ctxFor(t), c.ClientNetns, "tcp", addr)
+		_, err = nsutil.Request(ctxFor(t), c.ClientNetns, "tcp", addr)
 		if err == nil || !isDrop(err) {
 			t.Errorf("NodePort on a node without local endpoints: %v, want the connection dropped (timeout), as kube-proxy", err)
 		}
@@ -449,9 +448,9 @@ func startUDPSender(t *testing.T, from *netns.Pod, addr string) *udpSender {
 			_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			a := udpAnswer{}
 			if n, err := conn.Read(buf); err == nil {
-				var rep echo.Reply
+				var rep nsutil.Reply
 				if json.Unmarshal([]byte(strings.TrimSpace(string(buf[:n]))), &rep) == nil {
-					a.pod = rep.Pod
+					a.pod = rep.Name
 				}
 			} else if !isDrop(err) {
 				time.Sleep(50 * time.Millisecond) // ICMP error: rejected

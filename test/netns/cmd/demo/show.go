@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/onehop/onehop/test/netns"
-	"github.com/onehop/onehop/test/netns/echo"
 	"github.com/onehop/onehop/test/nsutil"
 )
 
@@ -53,11 +52,11 @@ func runDemo(ctx context.Context, c *netns.Cluster) (string, error) {
 	kept := true
 	var seen string
 	for i := 0; i < 4; i++ {
-		rep, err := echo.Request(ctx, c.ClientNetns, "tcp", addr)
+		rep, err := nsutil.Request(ctx, c.ClientNetns, "tcp", addr)
 		if err != nil {
 			return "", err
 		}
-		fmt.Printf("   answered by pod %-10s on %s, which saw the request come from %s\n", rep.Pod, nodeOf(c, rep.Pod), rep.Source)
+		fmt.Printf("   answered by pod %-10s on %s, which saw the request come from %s\n", rep.Name, nodeOf(c, rep.Name), rep.Source)
 		if rep.SourceIP() != netns.ClientIP().String() {
 			kept, seen = false, rep.SourceIP()
 		}
