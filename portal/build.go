@@ -45,6 +45,21 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 	vips := b.clusterIPs()
 	ext := b.externalIPs()
 	lbs := b.ingressIPs()
+	// An address is one way in: listed twice, it is programmed once, as
+	// the first of cluster, external and load-balancer IP.
+	for f := range ext {
+		ext[f] = b.without(ext[f], vips[f], ReasonExternalIPRefused, "external IP %s is the Service's cluster IP; not programmed again")
+	}
+	for f := range lbs {
+		lbs[f] = b.without(lbs[f], slices.Concat(vips[f], ext[f]), ReasonInvalidIngressIP, "load-balancer IP %s is also the Service's cluster or external IP; programmed once, as that")
+	}
+	type protoPort struct {
+		proto Protocol
+		port  int32
+	}
+	names := map[string]bool{}          // name/protocol of the ports taken
+	ports := map[protoPort]string{}     // port -> the Service port's name
+	nodePorts := map[protoPort]string{} // node port -> the Service port's name
 	for i := range svc.Spec.Ports {
 		sp := &svc.Spec.Ports[i]
 		proto, ok := ParseProtocol(string(sp.Protocol))
@@ -59,6 +74,18 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 			b.problem(ReasonInvalidPort, "port %q: %d is not a valid port", sp.Name, sp.Port)
 			continue
 		}
+		// The apiserver refuses these duplicates; one that slipped past
+		// would give two portals one key, or one address and port.
+		if names[sp.Name+"/"+proto.String()] {
+			b.problem(ReasonInvalidPort, "port %q/%s is listed twice; only the first is programmed", sp.Name, proto)
+			continue
+		}
+		if other, dup := ports[protoPort{proto, sp.Port}]; dup {
+			b.problem(ReasonInvalidPort, "port %q: %d/%s is already port %q of this Service; not programmed", sp.Name, sp.Port, proto, other)
+			continue
+		}
+		names[sp.Name+"/"+proto.String()] = true
+		ports[protoPort{proto, sp.Port}] = sp.Name
 		nodePort := uint16(0)
 		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			if sp.NodePort > 0 && sp.NodePort <= 65535 {
@@ -66,6 +93,12 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 			} else if sp.NodePort != 0 {
 				b.problem(ReasonInvalidPort, "port %q: node port %d is not a valid port", sp.Name, sp.NodePort)
 			}
+		}
+		if other, dup := nodePorts[protoPort{proto, int32(nodePort)}]; nodePort != 0 && dup {
+			b.problem(ReasonInvalidPort, "port %q: node port %d/%s is already used by port %q of this Service; not programmed", sp.Name, nodePort, proto, other)
+			nodePort = 0
+		} else if nodePort != 0 {
+			nodePorts[protoPort{proto, int32(nodePort)}] = sp.Name
 		}
 		for _, f := range []Family{IPv4, IPv6} {
 			if len(vips[f]) == 0 {
@@ -165,6 +198,10 @@ func (b *builder) externalIPs() map[Family][]netip.Addr {
 			b.problem(ReasonExternalIPRefused, "external IP %q is not an IP address", s)
 			continue
 		}
+		if !servable(a) {
+			b.problem(ReasonExternalIPRefused, "external IP %s is a loopback, link-local or multicast address; not programmed", a)
+			continue
+		}
 		if !inAny(b.cfg.ExternalIPCIDRs, a) {
 			b.problem(ReasonExternalIPRefused, "external IP %s is outside --external-ip-cidrs %v; not programmed", a, b.cfg.ExternalIPCIDRs)
 			continue
@@ -191,6 +228,10 @@ func (b *builder) ingressIPs() map[Family][]netip.Addr {
 			b.problem(ReasonInvalidIngressIP, "load-balancer ingress IP %q is not an IP address", ing.IP)
 			continue
 		}
+		if !servable(a) {
+			b.problem(ReasonInvalidIngressIP, "load-balancer ingress IP %s is a loopback, link-local or multicast address; not programmed", a)
+			continue
+		}
 		out[FamilyOf(a)] = appendUnique(out[FamilyOf(a)], a)
 	}
 	return out
@@ -212,6 +253,25 @@ func (b *builder) sourceRanges(f Family) []netip.Prefix {
 		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 	})
 	return slices.Compact(out)
+}
+
+// servable reports whether a may be an external or load-balancer IP or an
+// endpoint. The apiserver refuses loopback, link-local and multicast
+// addresses there: traffic to them would reach the node itself or its link
+// (a cloud's metadata server at 169.254.169.254, for one), not a Service.
+func servable(a netip.Addr) bool {
+	return !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && !a.IsMulticast()
+}
+
+// without returns as without the addresses in taken, reporting each.
+func (b *builder) without(as, taken []netip.Addr, reason, format string) []netip.Addr {
+	return slices.DeleteFunc(as, func(a netip.Addr) bool {
+		if slices.Contains(taken, a) {
+			b.problem(reason, format, a)
+			return true
+		}
+		return false
+	})
 }
 
 func appendUnique(as []netip.Addr, a netip.Addr) []netip.Addr {

@@ -66,18 +66,25 @@ func addrs(ss ...string) []netip.AddrPort {
 	return out
 }
 
-func TestBuild(t *testing.T) {
-	yes, no := ptr.To(true), ptr.To(false)
-	cfg := Config{NodeName: "n1", NodeZone: "z1",
+func buildTestConfig() Config {
+	return Config{NodeName: "n1", NodeZone: "z1",
 		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
 		ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
-	cases := []struct {
-		name     string
-		svc      *v1.Service
-		slices   []*discovery.EndpointSlice
-		want     func(t *testing.T, s *Service)
-		problems []string // reasons expected
-	}{
+}
+
+type buildCase struct {
+	name     string
+	svc      *v1.Service
+	slices   []*discovery.EndpointSlice
+	want     func(t *testing.T, s *Service)
+	problems []string // reasons expected
+}
+
+// buildCases are TestBuild's cases, also the seeds of FuzzBuild.
+func buildCases() []buildCase {
+	yes, no := ptr.To(true), ptr.To(false)
+	cfg := buildTestConfig()
+	return []buildCase{
 		{
 			name:   "cluster IP with ready endpoints; target port from the slice",
 			svc:    svc(nil),
@@ -220,6 +227,59 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
+			name: "a port listed twice, or on a port or node port already used, is programmed once",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.Ports = []v1.ServicePort{
+					{Name: "http", Port: 80, NodePort: 30080}, {Name: "http", Port: 81, NodePort: 30081},
+					{Name: "alt", Port: 80, NodePort: 30082}, {Name: "dns", Port: 53, NodePort: 30080},
+					{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP, NodePort: 30080},
+				}
+			}),
+			problems: []string{ReasonInvalidPort, ReasonInvalidPort, ReasonInvalidPort},
+			want: func(t *testing.T, s *Service) {
+				var got []string
+				for _, p := range s.Portals {
+					got = append(got, fmt.Sprintf("%s/%d/%d", p.Key.Port, p.Port, p.NodePort))
+				}
+				if want := []string{"dns/53/0", "dns/53/30080", "http/80/30080"}; !slices.Equal(got, want) {
+					t.Errorf("got %v, want %v", got, want)
+				}
+			},
+		},
+		{
+			name: "an address that is cluster, external and load-balancer IP is programmed once",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.ExternalIPs = []string{"203.0.113.5"}
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.5"}, {IP: "10.96.0.10"}, {IP: "203.0.113.6"}}
+			}),
+			problems: []string{ReasonInvalidIngressIP, ReasonInvalidIngressIP},
+			want: func(t *testing.T, s *Service) {
+				p := s.Portals[0]
+				if fmt.Sprint(p.ClusterIPs, p.ExternalIPs, p.LoadBalancerIPs) != "[10.96.0.10] [203.0.113.5] [203.0.113.6]" {
+					t.Errorf("got %v %v %v", p.ClusterIPs, p.ExternalIPs, p.LoadBalancerIPs)
+				}
+			},
+		},
+		{
+			name: "loopback, link-local and multicast addresses are refused as external IPs, load-balancer IPs and endpoints",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.ExternalIPs = []string{"127.0.0.1"}
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "169.254.169.254"}, {IP: "224.0.0.1"}}
+			}),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080,
+				ep{ip: "169.254.169.254"}, ep{ip: "127.0.0.1"}, ep{ip: "10.244.1.2"})},
+			problems: []string{ReasonExternalIPRefused, ReasonInvalidIngressIP, ReasonInvalidIngressIP, ReasonInvalidEndpoint, ReasonInvalidEndpoint},
+			want: func(t *testing.T, s *Service) {
+				p := s.Portals[0]
+				if len(p.ExternalIPs)+len(p.LoadBalancerIPs) != 0 || !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("got %+v", p)
+				}
+			},
+		},
+		{
 			name: "session affinity defaults to 10800 s",
 			svc:  svc(func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			want: func(t *testing.T, s *Service) {
@@ -229,7 +289,11 @@ func TestBuild(t *testing.T) {
 			},
 		},
 	}
-	for _, c := range cases {
+}
+
+func TestBuild(t *testing.T) {
+	cfg := buildTestConfig()
+	for _, c := range buildCases() {
 		t.Run(c.name, func(t *testing.T) {
 			s, problems := cfg.Build(c.svc, c.slices)
 			var reasons []string

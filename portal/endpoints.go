@@ -124,6 +124,10 @@ func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery
 					b.problem(ReasonInvalidEndpoint, "EndpointSlice %s: endpoint %q is not an %s address", es.Name, s, p.Key.Family)
 					continue
 				}
+				if !servable(a) {
+					b.problem(ReasonInvalidEndpoint, "EndpointSlice %s: endpoint %s is a loopback, link-local or multicast address; refused", es.Name, a)
+					continue
+				}
 				if inAny(b.cfg.ServiceCIDRs, a) {
 					b.problem(ReasonInvalidEndpoint, "EndpointSlice %s: endpoint %s is inside the service CIDR; refused", es.Name, a)
 					continue
