@@ -96,6 +96,14 @@ func reasonOf(err error) string {
 
 func (a *allocator) enqueue(svc *corev1.Service) { a.queue.Add(keyOf(svc)) }
 
+// retryAll is the queue item that retries every waiting Service.
+var retryAll = portal.ServiceKey{}
+
+// retryWaiting retries the waiting Services: an address a node, a cluster
+// IP, an external IP or a Pod held may have been let go. Safe to call from
+// any goroutine.
+func (a *allocator) retryWaiting() { a.queue.Add(retryAll) }
+
 // run processes the queue until ctx ends. The caller has synced the
 // informer and called rebuild.
 func (a *allocator) run(ctx context.Context) {
@@ -135,6 +143,12 @@ func (a *allocator) release(key portal.ServiceKey) {
 }
 
 func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
+	if key == retryAll {
+		for k := range a.waiting {
+			a.queue.Add(k)
+		}
+		return nil
+	}
 	svc, err := a.services.Services(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
 		delete(a.waiting, key)

@@ -52,10 +52,12 @@ type Hook struct {
 	notifier    *webhook.Notifier
 	identity    string
 
-	// regMu guards the registry and its last answer.
-	regMu    sync.Mutex
-	registry *registry
-	own      *ownership
+	// regMu guards the registry, its last answer, and the addresses that
+	// answer reserves (a release lets waiting Services try again).
+	regMu       sync.Mutex
+	registry    *registry
+	own         *ownership
+	reservedIPs map[netip.Addr]bool
 
 	mu sync.Mutex
 	// programmed is what this node's dataplane serves, per address and

@@ -25,7 +25,27 @@ func (h *Hook) resolve() (*ownership, registryInput) {
 	h.regMu.Lock()
 	own := h.registry.resolve(in)
 	h.own = own
+	released := false
+	for ip := range h.reservedIPs {
+		if own.reserved(ip) == "" {
+			released = true
+		}
+	}
+	h.reservedIPs = map[netip.Addr]bool{}
+	for ip := range own.held {
+		if own.reserved(ip) != "" {
+			h.reservedIPs[ip] = true
+		}
+	}
 	h.regMu.Unlock()
+	if released {
+		h.mu.Lock()
+		a := h.alloc
+		h.mu.Unlock()
+		if a != nil {
+			a.retryWaiting()
+		}
+	}
 	return own, in
 }
 
