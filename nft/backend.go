@@ -29,7 +29,7 @@ type Backend struct {
 	services map[portal.ServiceKey]*appliedService
 	owners   map[string]portal.PortKey // elem id -> portal that owns it
 	refs     map[string]int            // shared element id -> portals using it
-	affSets  map[string]bool           // affinity maps in the table
+	affSets  map[string]uint32         // affinity maps in the table -> their timeout (s)
 	npIPs    []netip.Addr
 	podIPs   []portal.PodExternalIP
 	// ids number the chains that pick from the endpoint maps: an endpoint
@@ -77,7 +77,7 @@ func (b *Backend) reset() {
 	b.services = map[portal.ServiceKey]*appliedService{}
 	b.owners = map[string]portal.PortKey{}
 	b.refs = map[string]int{}
-	b.affSets = map[string]bool{}
+	b.affSets = map[string]uint32{}
 	b.npIPs, b.podIPs = nil, nil
 	b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	b.chains, b.elements = 0, 0
@@ -127,7 +127,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	}
 	t := b.newTx(txConn, full)
 	if full {
-		if err := t.writeFixed(); err != nil {
+		if err := b.prepareFull(t, conn); err != nil {
 			return dataplane.SyncStats{}, err
 		}
 	}
@@ -148,7 +148,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		if err := ctx.Err(); err != nil {
 			return dataplane.SyncStats{}, err
 		}
-		t.service(k, snap.Services[k])
+		t.serviceSafely(k, snap.Services[k])
 	}
 	t.nodePortIPs(snap.Node.NodePortAddrs)
 	t.podExternalIPs(snap.Node.PodExternalIPs)
@@ -164,6 +164,29 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		b.lastUse = tb.Use
 	}
 	return stats, nil
+}
+
+// prepareFull starts a full sync: it reads the table the kernel holds and
+// reconciles it in place, keeping chain ids (and so the endpoint maps'
+// keys), affinity entries and counters. Only a table that cannot be read
+// as this version lays it out is replaced as a whole.
+func (b *Backend) prepareFull(t *tx, conn *nftables.Conn) error {
+	state, err := b.readState(conn)
+	switch {
+	case err != nil:
+		b.log.Warn("replacing the onehop table as a whole", "err", err)
+		return t.writeFixed(true)
+	case state == nil:
+		return t.writeFixed(false)
+	}
+	t.kernel = state
+	for chain, tag := range state.tags {
+		if id, ok := parseTag(tag); ok && id > 0 {
+			b.ids[chain] = id
+			b.nextID = max(b.nextID, id+1)
+		}
+	}
+	return t.reconcileFixed()
 }
 
 func compareStrings(a, b string) int {

@@ -53,16 +53,22 @@
 // endpoint, and a new client to a random one, whose chain remembers it:
 //
 //	chain svc<f>/...
-//	    ip saddr @aff<timeout>:svc<f>/...@<endpoint> goto aep<f>/...@<endpoint>   (per endpoint)
+//	    ip saddr @aff<f>/...@<endpoint> goto aep<f>/...@<endpoint>   (per endpoint)
 //	    numgen random mod 2 vmap { 0 : goto aep<f>/...@<endpoint>, 1 : goto aep<f>/...@<endpoint> }
 //	chain aep<f>/...@<endpoint>
-//	    update @aff<timeout>:svc<f>/...@<endpoint> { ip saddr timeout <timeout> } counter dnat ip to <endpoint>
+//	    update @aff<f>/...@<endpoint> { ip saddr timeout <timeout> } counter dnat ip to <endpoint>
+//
+// Each chain that picks endpoints has its own clients; a new timeout
+// rewrites the aep chain's rule and keeps the remembered clients:
+//
+//	chain ext<f>/...   its clients are in @affx<f>/...@<endpoint>, sent on by chain aepx<f>/...@<endpoint>
+//	chain all<f>/...   its clients are in @affa<f>/...@<endpoint>, sent on by chain aepa<f>/...@<endpoint>
 //
 // Policies add chains in front (a way in is a @vips4 or @nodeports4 element
 // whose goto names the first chain it takes):
 //
 //	chain all<f>/...   all endpoints, when internalTrafficPolicy: Local leaves svc<f>/... only local ones
-//	chain ext<f>/...   externalTrafficPolicy: Local; its affinity sets are @aff<timeout>:ext<f>/...@<endpoint>
+//	chain ext<f>/...   externalTrafficPolicy: Local
 //	    ip saddr <cluster CIDR> goto svc<f>/...                (pods reach all endpoints)
 //	    fib saddr type local meta mark set meta mark | <masq> goto svc<f>/...   (the node too; all<f>/... when there is one)
 //	    counter dnat ...                                       (this node's endpoints, source kept; drop when none)

@@ -45,7 +45,7 @@ func policiesSnapshot() *portal.Snapshot {
 	itp := &portal.Service{Key: key("itp"), Portals: []*portal.Portal{
 		{Key: pk("itp", "x", portal.TCP, portal.IPv4), Port: 81, NodePort: 30081,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.30")}, InternalLocal: true,
-			ClusterEndpoints: eps(8080, 1, 2), LocalEndpoints: eps(8080, 1)},
+			ClusterEndpoints: eps(8080, 1, 2), LocalEndpoints: eps(8080, 1), Affinity: portal.Affinity{TimeoutSeconds: 300}},
 	}}
 	s := snapshot(web, sticky, itp)
 	s.Node.PodExternalIPs = []portal.PodExternalIP{{External: netip.MustParseAddr("203.0.113.50"), Pod: podIP(5), Name: key("pod5")}}
@@ -85,7 +85,8 @@ func TestRulesetTextMatchesNft(t *testing.T) {
 		`10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http`,
 		"ct state new jump noep-check",
 		"numgen random mod 3 vmap {",
-		"update @aff600:svc4/demo/sticky/tcp/_@10.244.1.2:8080 {",
+		"update @aff4/demo/sticky/tcp/_@10.244.1.2:8080 {",
+		"update @affx4/demo/sticky/tcp/_@10.244.1.2:8080 {",
 		"snat ip to ip saddr map @pod-snat4",
 		"dnat ip to 10.244.2.2:8080",
 	} {

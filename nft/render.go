@@ -1,9 +1,9 @@
 package nft
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/onehop/onehop/dataplane"
 
@@ -39,21 +39,34 @@ func (b chainBody) sameRules(o chainBody) bool {
 
 // affinityObjects names, for each endpoint of a chain with ClientIP
 // affinity, the set of clients that stick to it and the chain that sends
-// them there. Named after the endpoint (and the timeout), so that an
-// endpoint that stays keeps its clients across changes, as in kube-proxy.
+// them there. Each portal chain (svc, ext, all) has its own, named after it
+// and the endpoint, so that an endpoint that stays keeps its clients across
+// changes (a new timeout included), as in kube-proxy.
 func (b chainBody) affinityObjects(chain string) map[netip.AddrPort][2]string {
 	if b.affinity == 0 || len(b.endpoints) < 2 {
 		return nil
 	}
+	// aep4/... for a svc chain, aepx4/... for an ext chain, aepa4/... for
+	// an all chain; the sets likewise with aff.
+	kind, rest := kindService, chain
+	for _, k := range []string{kindService, kindExternal, kindAll} {
+		if strings.HasPrefix(chain, k) {
+			kind, rest = k, chain[len(k):]
+			break
+		}
+	}
+	suffix := map[string]string{kindService: "", kindExternal: "x", kindAll: "a"}[kind]
 	out := make(map[netip.AddrPort][2]string, len(b.endpoints))
 	for _, ep := range b.endpoints {
-		out[ep] = [2]string{
-			fmt.Sprintf("aff%d:%s@%s", b.affinity, chain, ep),
-			kindAffinityEndpoint + chain[len(kindService):] + "@" + ep.String(),
-		}
+		tail := suffix + rest + "@" + ep.String()
+		out[ep] = [2]string{affinitySetPrefix + tail, kindAffinityEndpoint + tail}
 	}
 	return out
 }
+
+// affinitySetPrefix starts the names of the sets of clients stuck to an
+// endpoint.
+const affinitySetPrefix = "aff"
 
 // elem is one element of a named set or map; chain is the goto target of a
 // verdict map element ("" for plain sets).

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,12 +220,24 @@ func TestNoConnectionEscapesDNAT(t *testing.T) {
 	}
 }
 
+// reuseAddr lets a socket bind the source port of one that just failed.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
 // dialFrom opens a TCP connection from a fixed source port (0: any) inside
 // n and asks the echo server behind it for its name.
 func dialFrom(n *nsutil.NS, port int, addr string, timeout time.Duration) (string, error) {
 	var name string
 	err := n.Do(func() error {
-		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{Port: port}}
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{Port: port}, Control: reuseAddr}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			return err

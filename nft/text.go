@@ -11,7 +11,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -134,21 +133,8 @@ func elemText(s *setDecl, el nftables.SetElement) string {
 // github.com/google/nftables hands over as the undecoded nested attributes
 // NFTA_VERDICT_CODE and NFTA_VERDICT_CHAIN.
 func verdictAttrText(b []byte) string {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return fmt.Sprintf("[undecodable verdict 0x%x]", b)
-	}
-	ad.ByteOrder = binary.BigEndian
-	v := &expr.Verdict{}
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_VERDICT_CODE:
-			v.Kind = expr.VerdictKind(int32(ad.Uint32()))
-		case unix.NFTA_VERDICT_CHAIN:
-			v.Chain = ad.String()
-		}
-	}
-	if ad.Err() != nil {
+	v := decodeVerdict(b)
+	if v == nil {
 		return fmt.Sprintf("[undecodable verdict 0x%x]", b)
 	}
 	return verdictText(v)

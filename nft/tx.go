@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -47,13 +48,19 @@ type tx struct {
 	newChains []string
 	bodies    map[string]chainBody
 	oldBodies map[string]chainBody // of rewritten and deleted chains
-	newAff    map[string]bool      // affinity maps created
+	newAff    map[string]uint32    // affinity maps created, re-timed or (full sync) kept -> timeout
 	delAff    [][2]string          // affinity sets and chains deleted
-	err       error
-	rewrite   map[string]bool // existing chains whose rules are replaced
-	delChains []string
-	addElems  map[string][]nftables.SetElement
-	delElems  map[string][]nftables.SetElement
+	// kernel is the table as read by a full sync that reconciles in place
+	// (nil otherwise): what it holds already is not sent again.
+	kernel      *kernelState
+	fullElems   int      // elements a full sync leaves in the table
+	delLeftover []string // chains in the kernel that nothing wants
+	delSets     []string // affinity sets in the kernel that nothing wants
+	err         error
+	rewrite     map[string]bool // existing chains whose rules are replaced
+	delChains   []string
+	addElems    map[string][]nftables.SetElement
+	delElems    map[string][]nftables.SetElement
 
 	stats     dataplane.SyncStats
 	conflicts int
@@ -67,7 +74,7 @@ func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
 		refD:      map[string]int{},
 		bodies:    map[string]chainBody{},
 		oldBodies: map[string]chainBody{},
-		newAff:    map[string]bool{},
+		newAff:    map[string]uint32{},
 		rewrite:   map[string]bool{},
 		addElems:  map[string][]nftables.SetElement{},
 		delElems:  map[string][]nftables.SetElement{},
@@ -289,13 +296,18 @@ func (t *tx) podExternalIPs(ips []portal.PodExternalIP) {
 	t.podIPs, t.podIPsSet = ips, true
 }
 
-// writeFixed replaces the whole table atomically: add (so that the delete
-// cannot fail), delete, and re-create with the fixed chains and sets.
-func (t *tx) writeFixed() error {
+// writeFixed creates the table with its fixed chains and sets, when the
+// kernel has none; with replace, it replaces a table the kernel holds as a
+// whole, atomically: add (so that the delete cannot fail), delete, and
+// re-create. Replacing drops every affinity entry and counter: it is only
+// for a table that cannot be reconciled in place.
+func (t *tx) writeFixed(replace bool) error {
 	c, tb := t.conn, t.b.table
 	c.AddTable(tb)
-	c.DelTable(tb)
-	c.AddTable(tb)
+	if replace {
+		c.DelTable(tb)
+		c.AddTable(tb)
+	}
 	for _, s := range fixedSets(tb) {
 		t.b.sets[s.Name] = s
 		if err := c.AddSet(s, nil); err != nil {
@@ -303,9 +315,7 @@ func (t *tx) writeFixed() error {
 		}
 	}
 	for _, cs := range baseChains {
-		prio := nftables.ChainPriority(cs.priority)
-		policy := nftables.ChainPolicyAccept
-		c.AddChain(&nftables.Chain{Name: cs.name, Table: tb, Type: cs.typ, Hooknum: cs.hook, Priority: &prio, Policy: &policy})
+		t.addBaseChain(cs)
 	}
 	for _, name := range regularChains {
 		c.AddChain(&nftables.Chain{Name: name, Table: tb})
@@ -321,23 +331,87 @@ func (t *tx) writeFixed() error {
 	return nil
 }
 
+func (t *tx) addBaseChain(cs chainSpec) {
+	prio := nftables.ChainPriority(cs.priority)
+	policy := nftables.ChainPolicyAccept
+	t.conn.AddChain(&nftables.Chain{Name: cs.name, Table: t.b.table, Type: cs.typ, Hooknum: cs.hook, Priority: &prio, Policy: &policy})
+}
+
+// reconcileFixed brings the fixed chains and sets of a table the kernel
+// holds in line: missing ones are created, fixed chains whose rules differ
+// (another configuration) are rewritten, and everything else is left as
+// it is.
+func (t *tx) reconcileFixed() error {
+	k, tb := t.kernel, t.b.table
+	for _, s := range fixedSets(tb) {
+		t.b.sets[s.Name] = s
+		if k.sets[s.Name] == nil {
+			if err := t.conn.AddSet(s, nil); err != nil {
+				return fmt.Errorf("set %s: %w", s.Name, err)
+			}
+			t.stats.Messages++
+		}
+	}
+	for _, cs := range baseChains {
+		if !k.chains[cs.name] {
+			t.addBaseChain(cs)
+			t.stats.Messages++
+		}
+	}
+	for _, name := range regularChains {
+		if !k.chains[name] {
+			t.conn.AddChain(&nftables.Chain{Name: name, Table: tb})
+			t.stats.Messages++
+		}
+	}
+	rules := fixedRules(t.b.cfg)
+	names := []string{}
+	for _, cs := range baseChains {
+		names = append(names, cs.name)
+	}
+	for _, name := range append(names, regularChains...) {
+		want := rules[name]
+		if k.rules[name] == len(want) && (len(want) == 0 || bytes.Equal(k.tags[name], t.b.fixedTag(name))) {
+			continue
+		}
+		if k.rules[name] > 0 {
+			t.conn.FlushChain(&nftables.Chain{Name: name, Table: tb})
+			t.stats.Messages++
+		}
+		t.addRules(name, want)
+	}
+	return nil
+}
+
 func (t *tx) addRules(chain string, rules [][]expr.Any) {
 	ch := &nftables.Chain{Name: chain, Table: t.b.table}
+	tag := t.b.fixedTag(chain)
 	for _, r := range rules {
-		t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: r})
+		t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: r, UserData: tag})
 		t.stats.Messages++
 	}
 }
 
+// pendingRule is a rule of a per-portal chain, with the anonymous map it
+// uses (created only when the rule is sent).
+type pendingRule struct {
+	exprs     []expr.Any
+	anon      *nftables.Set
+	anonElems []nftables.SetElement
+}
+
 // chainRules writes the rules of a per-portal chain, and its endpoints
-// into the family's endpoint maps.
+// into the family's endpoint maps. In a full sync that reconciles in place,
+// a chain the kernel already holds with the same rules is left as it is
+// (its counters too), and one with other rules is flushed and rewritten.
 func (t *tx) chainRules(name string, body chainBody) {
-	ch := &nftables.Chain{Name: name, Table: t.b.table}
-	tb := t.b.table
-	add := func(e []expr.Any) {
-		t.conn.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: e})
-		t.stats.Messages++
+	var id uint32
+	if len(body.endpoints) >= 2 && body.affinity == 0 {
+		id = t.b.chainID(name)
 	}
+	var rules []pendingRule
+	add := func(e []expr.Any) { rules = append(rules, pendingRule{exprs: e}) }
+	defer func() { t.emitRules(name, rules, t.b.bodyTag(id, body)) }()
 	f := body.family
 	markBits := t.b.cfg.MasqueradeMark()
 	if len(body.sourceRanges) > 0 {
@@ -369,13 +443,10 @@ func (t *tx) chainRules(name string, body chainBody) {
 			dnatFrom(f, reg1)})
 	default:
 		if body.affinity > 0 {
-			if err := t.affinityRules(add, name, body); err != nil {
-				t.err = err
-			}
+			rules = append(rules, t.affinityRules(name, body)...)
 			return
 		}
 		// dnat to id . numgen random mod N map @endpoints<f>-<shard>
-		id := t.b.chainID(name)
 		add([]expr.Any{counter(),
 			&expr.Immediate{Register: reg1, Data: epKeyID(id)},
 			&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
@@ -384,6 +455,34 @@ func (t *tx) chainRules(name string, body chainBody) {
 		for i, ep := range body.endpoints {
 			t.addEndpoint(f, id, i, ep)
 		}
+	}
+}
+
+// emitRules sends the rules of chain, tagged, unless a full sync finds the
+// kernel holding them already.
+func (t *tx) emitRules(chain string, rules []pendingRule, tag []byte) {
+	if k := t.kernel; k != nil && k.chains[chain] {
+		if k.rules[chain] == len(rules) && (len(rules) == 0 || bytes.Equal(k.tags[chain], tag)) {
+			return
+		}
+		if k.rules[chain] > 0 {
+			t.conn.FlushChain(&nftables.Chain{Name: chain, Table: t.b.table})
+			t.stats.Messages++
+		}
+	}
+	ch := &nftables.Chain{Name: chain, Table: t.b.table}
+	for _, r := range rules {
+		exprs := r.exprs
+		if r.anon != nil {
+			if err := t.conn.AddSet(r.anon, r.anonElems); err != nil {
+				t.err = err
+				return
+			}
+			t.stats.Messages += 2
+			exprs = append(exprs, &expr.Lookup{SourceRegister: reg1, IsDestRegSet: true, SetName: r.anon.Name, SetID: r.anon.ID})
+		}
+		t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: exprs, UserData: tag})
+		t.stats.Messages++
 	}
 }
 
@@ -400,46 +499,74 @@ func dnatFrom(f portal.Family, reg uint32) *expr.NAT {
 // affinityRules: a client seen within the timeout goes back to its
 // endpoint; a new one is sent to a random endpoint, whose chain remembers it.
 // Rules per endpoint, as kube-proxy: only Services with affinity pay for it.
-func (t *tx) affinityRules(add func([]expr.Any), name string, body chainBody) error {
+// It returns the rules of chain name; the per-endpoint sets and chains are
+// created (or, when the timeout changed, their rule rewritten) here.
+func (t *tx) affinityRules(name string, body chainBody) []pendingRule {
 	f := body.family
-	timeout := time.Duration(body.affinity) * time.Second
 	objs := body.affinityObjects(name)
-	vm := &nftables.Set{Table: t.b.table, Anonymous: true, Constant: true, IsMap: true,
-		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	var rules []pendingRule
 	var vmElems []nftables.SetElement
 	for i, ep := range body.endpoints {
 		setName, chain := objs[ep][0], objs[ep][1]
-		if !t.b.affSets[setName] && !t.newAff[setName] {
-			set := &nftables.Set{Table: t.b.table, Name: setName, HasTimeout: true, Dynamic: true, Timeout: timeout, KeyType: addrType(f)}
-			if err := t.conn.AddSet(set, nil); err != nil {
-				return err
-			}
-			ch := &nftables.Chain{Name: chain, Table: t.b.table}
-			t.conn.AddChain(ch)
-			al := addrLen(f)
-			t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, Exprs: []expr.Any{
-				loadAddr(f, false, reg1),
-				&expr.Dynset{SrcRegKey: reg1, SetName: setName, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
-				counter(),
-				&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
-				&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
-				dnatFrom(f, reg1),
-			}})
-			t.newAff[setName] = true
-			t.stats.Messages += 3
-		}
-		add([]expr.Any{loadAddr(f, false, reg1), lookup(setName, false), verdict(expr.VerdictGoto, chain)})
+		t.affinityEndpoint(f, setName, chain, ep, body.affinity)
+		rules = append(rules, pendingRule{exprs: []expr.Any{loadAddr(f, false, reg1), lookup(setName, false), verdict(expr.VerdictGoto, chain)}})
 		vmElems = append(vmElems, nftables.SetElement{Key: numgenKey(uint32(i)), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
 	}
-	if err := t.conn.AddSet(vm, vmElems); err != nil {
-		return err
-	}
-	t.stats.Messages += 2
-	add([]expr.Any{
-		&expr.Numgen{Register: reg1, Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: reg1, IsDestRegSet: true, SetName: vm.Name, SetID: vm.ID},
+	vm := &nftables.Set{Table: t.b.table, Anonymous: true, Constant: true, IsMap: true,
+		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	return append(rules, pendingRule{
+		exprs:     []expr.Any{&expr.Numgen{Register: reg1, Modulus: uint32(len(body.endpoints)), Type: unix.NFT_NG_RANDOM}},
+		anon:      vm,
+		anonElems: vmElems,
 	})
-	return nil
+}
+
+// affinityEndpoint makes sure the set of clients stuck to ep and the chain
+// that remembers them exist, with the chain refreshing entries for timeout
+// seconds. The set keeps its clients when the timeout changes: only the
+// chain's rule is rewritten, and each client gets the new timeout the next
+// time it is seen.
+func (t *tx) affinityEndpoint(f portal.Family, setName, chain string, ep netip.AddrPort, timeout uint32) {
+	if _, done := t.newAff[setName]; done {
+		return
+	}
+	tag := ruleTag(0, fmt.Sprintf("aep|%s|%d", ep, timeout))
+	haveSet, haveChain, same := false, false, false
+	if k := t.kernel; k != nil {
+		haveSet, haveChain = k.sets[setName] != nil, k.chains[chain]
+		same = haveChain && k.rules[chain] == 1 && bytes.Equal(k.tags[chain], tag)
+	} else if old, ok := t.b.affSets[setName]; ok {
+		haveSet, haveChain, same = true, true, old == timeout
+	}
+	t.newAff[setName] = timeout
+	if same && haveSet {
+		return
+	}
+	d := time.Duration(timeout) * time.Second
+	if !haveSet {
+		set := &nftables.Set{Table: t.b.table, Name: setName, HasTimeout: true, Dynamic: true, Timeout: d, KeyType: addrType(f)}
+		if err := t.conn.AddSet(set, nil); err != nil {
+			t.err = err
+			return
+		}
+		t.stats.Messages++
+	}
+	ch := &nftables.Chain{Name: chain, Table: t.b.table}
+	if haveChain {
+		t.conn.FlushChain(ch)
+	} else {
+		t.conn.AddChain(ch)
+	}
+	al := addrLen(f)
+	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: []expr.Any{
+		loadAddr(f, false, reg1),
+		&expr.Dynset{SrcRegKey: reg1, SetName: setName, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: d},
+		counter(),
+		&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
+		&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
+		dnatFrom(f, reg1),
+	}})
+	t.stats.Messages += 2
 }
 
 func (t *tx) addEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort) {
@@ -542,6 +669,9 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 
 	sort.Strings(t.newChains)
 	for _, name := range t.newChains {
+		if t.kernel != nil && t.kernel.chains[name] {
+			continue // a full sync in place: emitRules compares its rules
+		}
 		t.conn.AddChain(&nftables.Chain{Name: name, Table: t.b.table})
 		t.stats.Messages++
 	}
@@ -562,6 +692,9 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		t.dropEndpoints(name, t.oldBodies[name], chainBody{})
 		t.b.releaseID(name)
 	}
+	if t.kernel != nil {
+		t.reconcileKernel()
+	}
 	if err := t.setElems(t.delElems, false); err != nil {
 		return t.stats, err
 	}
@@ -569,13 +702,18 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		return t.stats, err
 	}
 	sort.Strings(t.delChains)
-	for _, name := range t.delChains {
+	gone := append(slices.Clone(t.delChains), t.delLeftover...)
+	for _, name := range gone {
 		t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
 	}
-	for _, name := range t.delChains {
+	for _, name := range gone {
 		t.conn.DelChain(&nftables.Chain{Name: name, Table: t.b.table})
 	}
-	t.stats.Messages += 2 * len(t.delChains)
+	t.stats.Messages += 2 * len(gone)
+	for _, name := range t.delSets {
+		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: name})
+		t.stats.Messages++
+	}
 	for _, o := range t.delAff {
 		t.conn.DelChain(&nftables.Chain{Name: o[1], Table: t.b.table})
 		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: o[0]})
@@ -592,6 +730,65 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 	}
 	t.adopt()
 	return t.stats, nil
+}
+
+// reconcileKernel turns a full sync's "everything" into the difference
+// from what the kernel holds: elements already there with the same value
+// are not sent again, elements nothing wants are deleted, and so are the
+// chains and affinity sets nothing wants any more.
+func (t *tx) reconcileKernel() {
+	k := t.kernel
+	for _, s := range fixedSets(t.b.table) {
+		want := t.addElems[s.Name]
+		t.fullElems += len(want)
+		wantBy := make(map[string]nftables.SetElement, len(want))
+		for _, e := range want {
+			wantBy[string(e.Key)] = e
+		}
+		kept := map[string]bool{}
+		for _, e := range k.elems[s.Name] {
+			if w, ok := wantBy[string(e.Key)]; ok && elemEqual(w, e) {
+				kept[string(e.Key)] = true
+				continue
+			}
+			t.delElems[s.Name] = append(t.delElems[s.Name], nftables.SetElement{Key: e.Key})
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		send := want[:0:0]
+		for _, e := range want {
+			if !kept[string(e.Key)] {
+				send = append(send, e)
+			}
+		}
+		t.addElems[s.Name] = send
+	}
+	wanted := map[string]bool{}
+	for _, cs := range baseChains {
+		wanted[cs.name] = true
+	}
+	for _, name := range regularChains {
+		wanted[name] = true
+	}
+	for name := range t.bodies {
+		wanted[name] = true
+	}
+	for set := range t.newAff {
+		wanted[kindAffinityEndpoint+strings.TrimPrefix(set, affinitySetPrefix)] = true
+	}
+	for name := range k.chains {
+		if !wanted[name] {
+			t.delLeftover = append(t.delLeftover, name)
+		}
+	}
+	sort.Strings(t.delLeftover)
+	for name := range k.sets {
+		if _, ok := t.newAff[name]; !ok && t.b.sets[name] == nil {
+			t.delSets = append(t.delSets, name)
+		}
+	}
+	sort.Strings(t.delSets)
 }
 
 func (t *tx) adopt() {
@@ -633,8 +830,8 @@ func (t *tx) adopt() {
 	for _, o := range t.delAff {
 		delete(b.affSets, o[0])
 	}
-	for aff := range t.newAff {
-		b.affSets[aff] = true
+	for aff, timeout := range t.newAff {
+		b.affSets[aff] = timeout
 	}
 	b.chains += len(t.newChains) - len(t.delChains)
 	for _, els := range t.addElems {
@@ -642,6 +839,9 @@ func (t *tx) adopt() {
 	}
 	for _, els := range t.delElems {
 		b.elements -= len(els)
+	}
+	if t.kernel != nil {
+		b.elements = t.fullElems
 	}
 	t.stats.Rules = b.chains // per-portal chains hold one or two rules each
 	t.stats.Elements = b.elements
