@@ -23,8 +23,8 @@ type RunnerConfig struct {
 	MinSyncPeriod time.Duration
 	// SyncPeriod is the most time between two syncs (default 30s).
 	SyncPeriod time.Duration
-	// FullSyncPeriod is how often the whole ruleset is rewritten even when
-	// nothing seems wrong (default 1h).
+	// FullSyncPeriod is how often the whole ruleset is compared with the
+	// kernel's and repaired even when nothing seems wrong (default 1h).
 	FullSyncPeriod time.Duration
 	// CheckPeriod is how often the kernel is checked for changes made by
 	// someone else (default 1s).

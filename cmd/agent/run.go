@@ -41,6 +41,7 @@ type runFlags struct {
 	externalIPCIDRs  string
 	minSyncPeriod    time.Duration
 	syncPeriod       time.Duration
+	fullSyncPeriod   time.Duration
 	masqueradeAll    bool
 	masqueradeBit    int
 	healthzAddr      string
@@ -81,6 +82,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", time.Second, "least time between syncs; bursts of changes are batched")
 	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "most time between syncs")
+	fs.DurationVar(&f.fullSyncPeriod, "full-sync-period", time.Hour, "how often the whole ruleset is compared with the kernel's and repaired in place (affinity entries and counters are kept)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic to Services")
 	fs.IntVar(&f.masqueradeBit, "masquerade-bit", 14, "the packet mark bit (0-31) that requests masquerade")
 	fs.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
@@ -454,7 +456,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("nodePortAddresses (--nodeport-addresses) %s: %w", f.nodePorts, err)
 		}
 	}
-	runner = dataplane.NewRunner(dp, snapSrc, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod},
+	runner = dataplane.NewRunner(dp, snapSrc, dataplane.RunnerConfig{MinSyncPeriod: f.minSyncPeriod, SyncPeriod: f.syncPeriod, FullSyncPeriod: f.fullSyncPeriod},
 		log, health, metrics)
 	// The conntrack sysctls, once the first sync has loaded nf_conntrack.
 	var conntrackOnce sync.Once
