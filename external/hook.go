@@ -166,6 +166,13 @@ func (h *Hook) PodExternalIPs() []PodExternalIP {
 // read PodExternalIPs again (nil unless podExternalIPs is on).
 func (h *Hook) PodsChanged() <-chan struct{} { return h.podsChanged }
 
+// Synced reports whether the hook's first listing of Services,
+// EndpointSlices, Nodes and Pods is complete, so that PodExternalIPs is
+// the whole answer and not the part listed so far.
+func (h *Hook) Synced() bool {
+	return h.services.HasSynced() && h.slices.HasSynced() && h.nodes.HasSynced() && (h.pods == nil || h.pods.HasSynced())
+}
+
 func (h *Hook) podsPoke() {
 	select {
 	case h.podsChanged <- struct{}{}:

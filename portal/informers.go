@@ -68,7 +68,12 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	svcs := f.Core().V1().Services().Informer()
 	eps := f.Discovery().V1().EndpointSlices().Informer()
 	nodes := nf.Core().V1().Nodes().Informer()
-	if _, err := svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// Synced means every object of the first listing has reached the
+	// Tracker, not only the informer's store: the first sync replaces the
+	// whole ruleset, and a store that is full while the handler is still
+	// behind would program part of the cluster (and drop the rest) for as
+	// long as the handler takes to catch up.
+	svcReg, err := svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withType(o, t.SetService) },
 		UpdateFunc: func(_, o any) { withType(o, t.SetService) },
 		DeleteFunc: func(o any) {
@@ -76,25 +81,28 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 				t.DeleteService(svc.Namespace, svc.Name)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
-	if _, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	epsReg, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withType(o, t.SetSlice) },
 		UpdateFunc: func(_, o any) { withType(o, t.SetSlice) },
 		DeleteFunc: func(o any) { withType(o, t.DeleteSlice) },
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
-	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	nodeReg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withType(o, t.SetNode) },
 		UpdateFunc: func(_, o any) { withType(o, t.SetNode) },
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	f.Start(ctx.Done())
 	nf.Start(ctx.Done())
-	return func() bool { return svcs.HasSynced() && eps.HasSynced() && nodes.HasSynced() }, nil
+	return func() bool { return svcReg.HasSynced() && epsReg.HasSynced() && nodeReg.HasSynced() }, nil
 }
 
 func unwrap[T any](o any) (T, bool) {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -508,6 +509,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 
+	var podIPsReady *atomic.Bool // set when pod external IPs are served
 	if len(f.external) > 0 && string(f.external) != "null" {
 		var ec external.Config
 		if err := json.Unmarshal(f.external, &ec); err != nil {
@@ -531,7 +533,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 				}
 				hook.ProgrammedPodIPs(ips)
 			})
-			go followPodExternalIPs(ctx, hook, tracker, node)
+			podIPsReady = &atomic.Bool{}
+			go followPodExternalIPs(ctx, hook, tracker, node, podIPsReady)
 		}
 		done := make(chan struct{})
 		go func() {
@@ -544,10 +547,13 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName}
-	synced, err := src.Start(ctx, tracker)
+	informersSynced, err := src.Start(ctx, tracker)
 	if err != nil {
 		return err
 	}
+	// Pod external IPs are part of the first sync too: without them it
+	// would remove every pod's 1:1 mapping until the Pod informer caught up.
+	synced := func() bool { return informersSynced() && (podIPsReady == nil || podIPsReady.Load()) }
 	log.Info("onehop agent starting", "version", version, "node", node, "dataplane", dp.Name(),
 		"cluster_cidrs", f.clusterCIDR, "external_ip_cidrs", f.externalIPCIDRs)
 	// The existing ruleset keeps serving until the informers have listed
@@ -580,10 +586,15 @@ func hasTaint(n *v1.Node, key string) bool {
 // followPodExternalIPs hands the tracker the external IPs of this node's
 // pods, as the hook computes them from Pods, whenever a Pod changes (and
 // every 30 s, in case a change was coalesced away).
-func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string) {
+// ready is set once the tracker holds what the hook's complete first
+// listing says.
+func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string, ready *atomic.Bool) {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
+	poll := time.NewTicker(50 * time.Millisecond) // until the first listing is complete
+	defer poll.Stop()
 	for {
+		synced := hook.Synced()
 		var mine []portal.PodExternalIP
 		for _, p := range hook.PodExternalIPs() {
 			if p.NodeName == node {
@@ -591,10 +602,15 @@ func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *por
 			}
 		}
 		tracker.SetPodExternalIPs(mine)
+		if synced && !ready.Load() {
+			ready.Store(true)
+			poll.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-poll.C:
 		case <-hook.PodsChanged():
 		}
 	}
