@@ -400,3 +400,39 @@ func TestTrackerConflictingClaims(t *testing.T) {
 		t.Errorf("b must be dirty, got %v", snap.Dirty)
 	}
 }
+
+// An address handed from a newer Service to an older one within one sync
+// window: the older one is processed first and loses to the holder that is
+// letting go; it must be built again in the same snapshot, not left without
+// the address until something else changes.
+func TestTrackerHandOverWithinOneSnapshot(t *testing.T) {
+	tr := NewTracker(Config{NodeName: "n1", ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, nil, nil)
+	a := svc(func(s *v1.Service) {
+		s.Name = "a"
+		s.CreationTimestamp = metav1.Unix(100, 0)
+	})
+	b := svc(func(s *v1.Service) {
+		s.Name = "b"
+		s.CreationTimestamp = metav1.Unix(200, 0)
+		s.Spec.ClusterIPs = []string{"10.96.0.11"}
+		s.Spec.ExternalIPs = []string{"203.0.113.5"}
+	})
+	tr.SetService(a)
+	tr.SetService(b)
+	tr.Snapshot()
+	// In one window: the older Service a asks for the address, the newer b
+	// gives it up.
+	a2, b2 := a.DeepCopy(), b.DeepCopy()
+	a2.Spec.ExternalIPs = []string{"203.0.113.5"}
+	b2.Spec.ExternalIPs = nil
+	tr.SetService(a2)
+	tr.SetService(b2)
+	snap, _ := tr.Snapshot()
+	ka := ServiceKey{"ns", "a"}
+	if got := snap.Services[ka].Portals[0].ExternalIPs; len(got) != 1 {
+		t.Errorf("the address b let go must reach a in the same snapshot, a has %v", got)
+	}
+	if !slices.Contains(snap.Dirty, ka) {
+		t.Errorf("a must be dirty, got %v", snap.Dirty)
+	}
+}

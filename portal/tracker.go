@@ -219,6 +219,9 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 	}
 	t.sortByAge(work)
 	done := map[ServiceKey]bool{}
+	rounds := map[ServiceKey]int{}
+	inDirty := map[ServiceKey]bool{}
+	const maxRounds = 3
 	for len(work) > 0 {
 		k := work[0]
 		work = work[1:]
@@ -226,9 +229,14 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 			continue
 		}
 		done[k] = true
-		// Services that lost a claim to k get their chance again.
+		// Services that lost a claim to k get their chance again, also
+		// one built earlier in this snapshot (an older Service taking an
+		// address that a newer one lets go in the same window); rounds
+		// bounds how often, so that no chain of claims can cycle.
 		for _, again := range t.claims.release(k) {
-			if !done[again] {
+			if rounds[again] < maxRounds {
+				rounds[again]++
+				done[again] = false
 				work = append(work, again)
 			}
 		}
@@ -254,7 +262,10 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 		} else {
 			t.built[k] = built
 		}
-		snap.Dirty = append(snap.Dirty, k)
+		if !inDirty[k] { // a Service built twice is listed once
+			inDirty[k] = true
+			snap.Dirty = append(snap.Dirty, k)
+		}
 	}
 	clear(t.dirty)
 	t.changed = time.Time{}
