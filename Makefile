@@ -8,8 +8,13 @@ GOTAGS    ?= grpcnotrace
 LDFLAGS   ?= -s -w -X main.version=$(VERSION)
 TEST_TIMEOUT ?= 80m
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Each fuzz target runs FUZZTIME (go test fuzzes one target per invocation).
+FUZZTIME  ?= 20s
+# A new input is minimized for at most this long (go's default, 60s, can eat a short run).
+FUZZMINIMIZETIME ?= 2s
+FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./cmd/agent:FuzzConfigFile ./external:FuzzConfig
 
-.PHONY: build test unit lint bench
+.PHONY: build test unit lint bench fuzz
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent
@@ -20,6 +25,15 @@ build:
 test:
 	@hack/ci-deps.sh
 	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz
+
+# Every fuzz target for FUZZTIME. A finding fails the run and is saved under
+# the package's testdata/fuzz/, where every plain go test replays it.
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} $${t##*:} for $(FUZZTIME)"; \
+		$(GO) test -tags $(GOTAGS) -run '^$$' -fuzz "^$${t##*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $${t%%:*}; \
+	done
 
 # Unit and real-kernel tests only (no control plane, no VM).
 unit:
