@@ -1,7 +1,6 @@
 package ipvs
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -9,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,106 +93,54 @@ func newTestNet(t *testing.T, pods int) *testNet {
 	return n
 }
 
-// serve runs, in pod i, a TCP server on :8080 that greets each connection
-// with "pod-i <client address>" and then echoes lines, and a UDP server on
-// :5353 that answers each datagram with the same greeting.
+// serve runs, in pod i, nsutil's echo server named "pod-i" on TCP :8080
+// and UDP :5353.
 func (n *testNet) serve(i int, ns string) {
-	var ln net.Listener
-	var pc net.PacketConn
-	if err := nsutil.Do(ns, func() (err error) {
-		if ln, err = net.Listen("tcp", ":8080"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", ":5353")
-		return err
-	}); err != nil {
+	s, err := nsutil.ServeEcho(ns, fmt.Sprintf("pod-%d", i), []int{8080}, []int{5353}, nil)
+	if err != nil {
 		n.t.Fatalf("pod %d servers: %v", i, err)
 	}
-	var wg sync.WaitGroup
-	n.t.Cleanup(func() { ln.Close(); pc.Close(); wg.Wait() })
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				fmt.Fprintf(c, "pod-%d %s\n", i, c.RemoteAddr().(*net.TCPAddr).IP)
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintf(c, "echo %s\n", sc.Text())
-				}
-			}()
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(fmt.Appendf(nil, "pod-%d %s", i, from.(*net.UDPAddr).IP), from)
-		}
-	}()
+	n.t.Cleanup(s.Close)
 }
 
 // conn is an open client connection through the dataplane.
 type conn struct {
 	net.Conn
-	r *bufio.Reader
-	// Pod and Source are from the greeting: which pod answered and the
-	// client address it saw.
+	// Pod and Source are from the first answer: which pod answered and
+	// the client address it saw.
 	Pod, Source string
 }
 
-// dial connects from namespace ns to addr over TCP and reads the greeting.
+// The VM runs these tests under emulation on a shared machine: a dial and an
+// answer get more time than nsutil's defaults.
+const (
+	dialTimeout   = 3 * time.Second
+	answerTimeout = 5 * time.Second
+)
+
+// dial connects from namespace ns to addr over TCP and asks once.
 func (n *testNet) dial(ns, addr string) (*conn, error) {
-	var c net.Conn
-	if err := nsutil.Do(ns, func() (err error) {
-		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
-		return err
-	}); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	c, err := nsutil.Dialer(ns)(ctx, "tcp", addr)
+	if err != nil {
 		return nil, err
 	}
-	cc := &conn{Conn: c, r: bufio.NewReader(c)}
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := cc.r.ReadString('\n')
+	r, err := nsutil.AskOn(c, answerTimeout)
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("greeting from %s: %w", addr, err)
+		return nil, fmt.Errorf("first answer from %s: %w", addr, err)
 	}
-	f := strings.Fields(line)
-	if len(f) != 2 {
-		c.Close()
-		return nil, fmt.Errorf("bad greeting %q", line)
-	}
-	cc.Pod, cc.Source = f[0], f[1]
-	_ = c.SetDeadline(time.Time{})
-	return cc, nil
+	return &conn{Conn: c, Pod: r.Name, Source: r.SourceIP()}, nil
 }
 
-// echo sends a line on an established connection and checks the echo.
-func (c *conn) echo(s string) error {
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if _, err := fmt.Fprintf(c, "%s\n", s); err != nil {
-		return err
+// echo asks again on the established connection; the same pod must answer.
+func (c *conn) echo() error {
+	r, err := nsutil.AskOn(c.Conn, answerTimeout)
+	if err == nil && r.Name != c.Pod {
+		err = fmt.Errorf("answered by %s, the connection was with %s", r.Name, c.Pod)
 	}
-	line, err := c.r.ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(line) != "echo "+s {
-		return fmt.Errorf("echo: got %q", line)
-	}
-	return nil
+	return err
 }
 
 // get dials, returns (pod, source seen by the pod) and closes.
@@ -209,30 +154,16 @@ func (n *testNet) get(t *testing.T, ns, addr string) (string, string) {
 	return c.Pod, c.Source
 }
 
-// udp sends one datagram from ns to addr and returns the reply's fields.
+// udp sends one datagram from ns to addr and returns the reply's pod and
+// the source it saw.
 func (n *testNet) udp(ns, addr string) (string, string, error) {
-	var c net.Conn
-	if err := nsutil.Do(ns, func() (err error) {
-		c, err = net.Dial("udp", addr)
-		return err
-	}); err != nil {
-		return "", "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := c.Write([]byte("hi")); err != nil {
-		return "", "", err
-	}
-	buf := make([]byte, 1500)
-	m, err := c.Read(buf)
+	c, err := nsutil.Dialer(ns)(context.Background(), "udp", addr)
 	if err != nil {
 		return "", "", err
 	}
-	f := strings.Fields(string(buf[:m]))
-	if len(f) != 2 {
-		return "", "", fmt.Errorf("bad udp reply %q", buf[:m])
-	}
-	return f[0], f[1], nil
+	defer c.Close()
+	r, err := nsutil.AskOn(c, dialTimeout)
+	return r.Name, r.SourceIP(), err
 }
 
 // backend is a Backend living in the node namespace; every call runs there.
