@@ -64,6 +64,30 @@ type tx struct {
 
 	stats     dataplane.SyncStats
 	conflicts int
+	// waiting are elements another portal owned when their portal was
+	// diffed; they are added at commit if that portal let them go.
+	waiting []waitingElem
+}
+
+type waitingElem struct {
+	pk portal.PortKey
+	e  elem
+}
+
+// claimWaiting adds the waiting elements whose owner let them go in this
+// sync, in the order they were asked for; the others are conflicts.
+func (t *tx) claimWaiting() {
+	for _, w := range t.waiting {
+		if own, ok := t.owner(w.e.id()); ok && own != w.pk {
+			t.conflicts++
+			t.b.log.Warn("address already used by another service port; skipped",
+				"portal", w.pk.String(), "owner", own.String(), "set", w.e.set)
+			continue
+		}
+		t.addElems[w.e.set] = append(t.addElems[w.e.set], t.element(w.e, true))
+		key := w.pk
+		t.owners[w.e.id()] = &key
+	}
 }
 
 func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
@@ -201,9 +225,9 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			continue
 		}
 		if own, ok := t.owner(e.id()); ok && own != pk {
-			t.conflicts++
-			t.b.log.Warn("address already used by another service port; skipped",
-				"portal", pk.String(), "owner", own.String(), "set", e.set)
+			// The owner may let it go later in this sync (an address
+			// handed from one Service to another): decided at commit.
+			t.waiting = append(t.waiting, waitingElem{pk, e})
 			continue
 		}
 		t.addElems[e.set] = append(t.addElems[e.set], t.element(e, true))
@@ -648,6 +672,7 @@ func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
 // commit sends the transaction and, when the kernel accepts it, adopts the
 // new state in memory.
 func (t *tx) commit() (dataplane.SyncStats, error) {
+	t.claimWaiting()
 	// Shared elements: added or deleted when their count crosses zero.
 	for id, d := range t.refD {
 		if d == 0 {
