@@ -239,6 +239,7 @@ func TestWebhookFollowsEndpoints(t *testing.T) {
 		return n >= 2
 	})
 	stealLease(t, c, 4)
+	stolen := time.Now()
 	t.Logf("Lease of %s (term %d) taken for 4s", leader, term1)
 	// The next term's calls fail too at first: the old leader would be
 	// retrying (every second at most) while the new one backs off 200+400+800 ms.
@@ -251,6 +252,7 @@ func TestWebhookFollowsEndpoints(t *testing.T) {
 		}
 		return n >= 3
 	})
+	t.Logf("the next term's third request came %v after the Lease was taken for 4s", time.Since(stolen).Round(time.Millisecond))
 	rcv.setFailing(false)
 	rcv.waitNodes(t, "default/web", "n1")
 	leader2, term2 := lease(t, c)
@@ -285,8 +287,10 @@ func TestWebhookFollowsEndpoints(t *testing.T) {
 	}
 	setEndpoints(t, c, "web", map[string]string{"n2": "10.244.2.3"})
 	from = len(rcv.wait(t, "", func([]hookCall) bool { return true }))
+	restarted := time.Now()
 	runHook(t, cfg, c, leader2)
 	rcv.waitNodes(t, "default/gone")
+	t.Logf("the restarted leader's snapshot deleted default/gone at the receiver %v after the agent started", time.Since(restarted).Round(time.Millisecond))
 	rcv.waitNodes(t, "default/web", "n2")
 	calls = rcv.wait(t, "", func([]hookCall) bool { return true })[from:]
 	_, term3 := lease(t, c)
