@@ -149,17 +149,16 @@ type NS struct {
 // New creates a namespace with loopback up and duplicate address detection
 // off; it is deleted, with every process still in it, when the test ends,
 // pass or fail. Its name is Prefix, the test binary's pid (for Sweep), the
-// given prefix without its "oh" and random hex, e.g. "oh1234-n-0a1b2c3d"
-// for "ohn-". New skips t when namespaces are unusable here.
+// given prefix and random hex, e.g. "oh1234-ohn-0a1b2c3d" for "ohn-". New
+// skips t when namespaces are unusable here.
 func New(t testing.TB, prefix string) *NS {
 	t.Helper()
 	RequireRoot(t)
 	ctx := context.Background()
-	tag := strings.Trim(strings.TrimPrefix(prefix, Prefix), "-")
 	var name string
 	var err error
 	for range 3 { // a name already taken is the only failure a retry cures
-		name = fmt.Sprintf("%s%d-%s-%s", Prefix, os.Getpid(), tag, randHex(4))
+		name = fmt.Sprintf("%s%d-%s%s", Prefix, os.Getpid(), prefix, randHex(4))
 		if err = IP(ctx, "", "netns", "add", name); err == nil {
 			break
 		}
