@@ -3,20 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/onehop/onehop/test/nsutil"
 )
 
-// testNetns is a throwaway network namespace, deleted when the test ends.
+// testNetns is a throwaway network namespace from test/nsutil, deleted
+// with what runs in it when the test ends.
 type testNetns struct {
-	name   string
+	*nsutil.NS
 	handle netns.NsHandle
 }
 
@@ -24,35 +24,14 @@ type testNetns struct {
 // test when this machine cannot (not root, no ip binary).
 func newTestNetns(t *testing.T, prefix string) *testNetns {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skipf("needs ip (Debian: iproute2): %v", err)
-	}
-	rnd := make([]byte, 4)
-	_, _ = rand.Read(rnd)
-	name := fmt.Sprintf("%s-%d-%s", prefix, os.Getpid(), hex.EncodeToString(rnd))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("cannot create a network namespace: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			t.Errorf("delete netns %s: %v: %s", name, err, out)
-		}
-	})
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return &testNetns{name: name, handle: h}
+	n := nsutil.New(t, prefix)
+	return &testNetns{NS: n, handle: netns.NsHandle(n.FD())}
 }
 
 // exec runs a command in the namespace with stdin, failing the test on error.
 func (n *testNetns) exec(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", n.name}, args...)...)
+	cmd := n.Command(args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -77,7 +56,7 @@ func TestCleanupCommands(t *testing.T) {
 			t.Skipf("needs %s (Debian: nftables, iptables): %v", bin, err)
 		}
 	}
-	ns := newTestNetns(t, "onehop-cleanup")
+	ns := newTestNetns(t, "ohcl-")
 	ns.exec(t, kubeProxyRuleset, "iptables-nft-restore")
 	ns.exec(t, kubeProxyNFT+onehopNFT, "nft", "-f", "-")
 

@@ -2,12 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -160,41 +156,22 @@ func inNetns(t *testing.T, ns netns.NsHandle, fn func()) {
 }
 
 func TestCleanupKubeProxyLeftovers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	for _, bin := range []string{"ip", "nft", "iptables-nft-restore", "iptables-nft-save"} {
+	for _, bin := range []string{"nft", "iptables-nft-restore", "iptables-nft-save"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("needs %s (Debian: iproute2, nftables, iptables): %v", bin, err)
 		}
 	}
-	rnd := make([]byte, 4)
-	_, _ = rand.Read(rnd)
-	name := fmt.Sprintf("onehop-leftovers-%d-%s", os.Getpid(), hex.EncodeToString(rnd))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("cannot create a network namespace: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			t.Errorf("delete netns %s: %v: %s", name, err, out)
-		}
-	})
+	n := newTestNetns(t, "ohlo-")
 	nsExec := func(stdin string, args ...string) string {
 		t.Helper()
-		cmd := exec.Command("ip", append([]string{"netns", "exec", name}, args...)...)
-		cmd.Stdin = strings.NewReader(stdin)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
+		return n.exec(t, stdin, args...)
 	}
 	// kube-proxy's iptables rules in the nft variant and, where the kernel
 	// has it, the legacy one; its nftables tables.
 	variants := []string{"nft"}
 	nsExec(kubeProxyRuleset, "iptables-nft-restore")
 	if _, err := exec.LookPath("iptables-legacy-restore"); err == nil {
-		cmd := exec.Command("ip", "netns", "exec", name, "iptables-legacy-restore")
+		cmd := n.Command("iptables-legacy-restore")
 		cmd.Stdin = strings.NewReader(kubeProxyRuleset)
 		if out, err := cmd.CombinedOutput(); err == nil {
 			variants = append(variants, "legacy")
@@ -204,11 +181,7 @@ func TestCleanupKubeProxyLeftovers(t *testing.T) {
 	}
 	nsExec(kubeProxyNFT, "nft", "-f", "-")
 
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := n.handle
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	var removed []string
