@@ -29,6 +29,9 @@ import (
 // namespace, until SIGTERM. It stands in for the dataplane by reporting the
 // VIP as programmed with local endpoints (the nft rule of the lab does the
 // DNAT), so which nodes announce is decided by the cluster state alone.
+// With OHX_MODEL set it reports instead what the agent's own model (package
+// portal, fed by informers, with externalIPCIDRs as --external-ip-cidrs)
+// would have the dataplane program, wired as cmd/agent wires it.
 func hookMain(cfgJSON, kubeconfig, node string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var cfg external.Config
@@ -53,10 +56,17 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
-	key := portal.ServiceKey{Namespace: "default", Name: "web"}
-	ep := netip.MustParseAddrPort("10.244.0.2:8080")
-	h.Programmed(&portal.Snapshot{Services: map[portal.ServiceKey]*portal.Service{key: {Key: key, Portals: []*portal.Portal{{
-		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(vip)}, ClusterEndpoints: []netip.AddrPort{ep}, LocalEndpoints: []netip.AddrPort{ep}}}}}})
+	if os.Getenv("OHX_MODEL") != "" {
+		if err := followModel(ctx, h, c, cfg, node); err != nil {
+			log.Error("model", "err", err)
+			return 2
+		}
+	} else {
+		key := portal.ServiceKey{Namespace: "default", Name: "web"}
+		ep := netip.MustParseAddrPort("10.244.0.2:8080")
+		h.Programmed(&portal.Snapshot{Services: map[portal.ServiceKey]*portal.Service{key: {Key: key, Portals: []*portal.Portal{{
+			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(vip)}, ClusterEndpoints: []netip.AddrPort{ep}, LocalEndpoints: []netip.AddrPort{ep}}}}}})
+	}
 	if err := h.Run(ctx); err != nil {
 		log.Error("run", "err", err)
 		return 1
