@@ -437,7 +437,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
 		ServiceProxyName: f.serviceProxyName}
 	var runner *dataplane.Runner
-	tracker := portal.NewTracker(pcfg, &portal.EventReporter{Recorder: recorder, Log: log},
+	tracker := portal.NewTracker(pcfg, panicCounter{&portal.EventReporter{Recorder: recorder, Log: log}, metrics},
 		func() {
 			if runner != nil {
 				runner.Trigger()
