@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -100,10 +101,21 @@ func TestNodePortAddressesFollowInterfaces(t *testing.T) {
 	}
 
 	ns.exec(t, "", "ip", "addr", "add", "203.0.113.9/24", "dev", "va")
-	select {
-	case <-changed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the new address was never reported")
+	// A signal may be left from the links coming up: wait until the
+	// source holds the new address itself.
+	added := netip.MustParseAddr("203.0.113.9")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		snap, _ := src.Snapshot()
+		if slices.Contains(snap.Node.NodePortAddrs, added) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new address was never reported")
+		}
+		select {
+		case <-changed:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	sync()
 	if err := reach("203.0.113.9:30080"); err != nil {
