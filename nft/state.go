@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -183,10 +184,12 @@ func (b *Backend) readRuleTags(k *kernelState) error {
 }
 
 // elemEqual reports whether a wanted element (want) and one read back from
-// the kernel (have) map the same key to the same value. The library
-// returns a verdict map's data undecoded, in Val.
+// the kernel (have) map the same key to the same value, with the same
+// comment (the way in and portal dump-rules reports: two Services' ways in
+// without endpoints share a verdict, goto reject). The library returns a
+// verdict map's data undecoded, in Val.
 func elemEqual(want, have nftables.SetElement) bool {
-	if !bytes.Equal(want.Key, have.Key) {
+	if !bytes.Equal(want.Key, have.Key) || want.Comment != have.Comment {
 		return false
 	}
 	if want.VerdictData == nil {
@@ -344,6 +347,8 @@ func decodeElements(b []byte) ([]nftables.SetElement, error) {
 								}
 								return nil
 							})
+						case unix.NFTA_SET_ELEM_USERDATA:
+							e.Comment, _ = userdata.GetString(el.Bytes(), userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
 						case unix.NFTA_SET_ELEM_DATA:
 							el.Nested(func(d *netlink.AttributeDecoder) error {
 								for d.Next() {
