@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -58,6 +59,7 @@ func TestChurn(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	seconds := envInt("ONEHOP_CHURN_SECONDS", 20)
+	batchSize := envInt("ONEHOP_CHURN_BATCH", churnBatch)
 	t.Logf("churn seed %d (replay: go test ./nft -run TestChurn -churn.seed=%d)", seed, seed)
 
 	tp := newTopo(t, churnPods)
@@ -70,11 +72,12 @@ func TestChurn(t *testing.T) {
 	start := time.Now()
 	deadline := start.Add(time.Duration(seconds) * time.Second)
 	for batch := 1; time.Now().Before(deadline); batch++ {
+		kind := "incremental"
 		fail := func(format string, args ...any) {
 			t.Helper()
-			t.Fatalf("seed %d, batch %d: %s\nreplay: go test ./nft -run TestChurn -churn.seed=%d", seed, batch, fmt.Sprintf(format, args...), seed)
+			t.Fatalf("seed %d, batch %d (%s sync): %s\nreplay: go test ./nft -run TestChurn -churn.seed=%d", seed, batch, kind, fmt.Sprintf(format, args...), seed)
 		}
-		n := 1 + m.rng.IntN(2*churnBatch)
+		n := 1 + m.rng.IntN(2*batchSize)
 		for range n {
 			m.mutate()
 		}
@@ -85,9 +88,13 @@ func TestChurn(t *testing.T) {
 			tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
 			full = true
 			restarts++
+			kind = "restart's full"
 		}
 		if full {
 			fulls++
+			if kind == "incremental" {
+				kind = "full"
+			}
 		}
 		syncStart := time.Now()
 		st, err := tp.b.Sync(ctx, snap, full)
@@ -100,7 +107,7 @@ func TestChurn(t *testing.T) {
 		}
 
 		checkStart := time.Now()
-		got, err := readKernel(tp.node.FD(), tp.b.table)
+		got, err := churnRead(tp.node.FD(), tp.b)
 		if err != nil {
 			fail("read the table: %v", err)
 		}
@@ -116,7 +123,7 @@ func TestChurn(t *testing.T) {
 		if _, err := oracle.Sync(ctx, snap, true); err != nil {
 			fail("full sync of the same snapshot into an empty namespace failed: %v", err)
 		}
-		want, err := readKernel(oracleNS.FD(), oracle.table)
+		want, err := churnRead(oracleNS.FD(), oracle)
 		if err != nil {
 			fail("read the oracle's table: %v", err)
 		}
@@ -150,7 +157,7 @@ func TestChurn(t *testing.T) {
 const (
 	churnPods         = 4
 	churnMaxServices  = 40
-	churnBatch        = 25 // mutations per batch, on average
+	churnBatch        = 60 // mutations per batch, on average (ONEHOP_CHURN_BATCH)
 	churnFullEvery    = 10
 	churnRestartEvery = 37
 	churnProbes       = 3 // requests per batch
@@ -209,21 +216,6 @@ type churnSvc struct {
 	eps        []churnEP
 }
 
-func (s *churnSvc) clone() *churnSvc {
-	c := *s
-	c.families = slices.Clone(s.families)
-	c.clusterIP = map[portal.Family]netip.Addr{}
-	for f, a := range s.clusterIP {
-		c.clusterIP[f] = a
-	}
-	c.ports = slices.Clone(s.ports)
-	c.extIPs = slices.Clone(s.extIPs)
-	c.lbIPs = slices.Clone(s.lbIPs)
-	c.ranges = slices.Clone(s.ranges)
-	c.eps = slices.Clone(s.eps)
-	return &c
-}
-
 // churnModel is the desired state TestChurn mutates, with the pools its
 // addresses and ports come from: an address or node port belongs to at
 // most one Service at a time, as portal leaves it once conflicts are
@@ -236,7 +228,6 @@ type churnModel struct {
 	dirty  []portal.ServiceKey
 	owner  map[netip.Addr]portal.ServiceKey // cluster, external and LB IPs taken
 	ports  map[uint16]bool                  // node ports taken
-	nextID int
 
 	npAddrs []netip.Addr
 	podIPs  []portal.PodExternalIP
@@ -344,7 +335,7 @@ func (m *churnModel) lbPool(f portal.Family) string {
 
 func (m *churnModel) nodePort() uint16 {
 	for {
-		p := uint16(30000 + m.rng.IntN(2000))
+		p := uint16(30000 + m.rng.IntN(300))
 		if !m.ports[p] {
 			m.ports[p] = true
 			return p
@@ -456,7 +447,7 @@ func (m *churnModel) setFamilies(s *churnSvc, fams []portal.Family) bool {
 			next[f] = a
 			continue
 		}
-		a, ok := m.take(s.key, m.clusterPool(f), 200)
+		a, ok := m.take(s.key, m.clusterPool(f), 64)
 		if !ok {
 			for g, a := range next {
 				if s.clusterIP[g] != a {
@@ -477,11 +468,15 @@ func (m *churnModel) setFamilies(s *churnSvc, fams []portal.Family) bool {
 }
 
 func (m *churnModel) create() {
+	m.createAs(portal.ServiceKey{Namespace: "ns" + strconv.Itoa(m.rng.IntN(3)), Name: "s" + strconv.Itoa(m.rng.IntN(churnMaxServices*2))})
+}
+
+// createAs adds a Service named k with random ways in, ports and
+// endpoints, unless k exists or the model is full.
+func (m *churnModel) createAs(k portal.ServiceKey) {
 	if len(m.svcs) >= churnMaxServices {
 		return
 	}
-	m.nextID++
-	k := portal.ServiceKey{Namespace: "ns" + strconv.Itoa(m.rng.IntN(3)), Name: "s" + strconv.Itoa(m.rng.IntN(churnMaxServices*2))}
 	if _, ok := m.svcs[k]; ok {
 		return
 	}
@@ -552,7 +547,7 @@ func (m *churnModel) mutate() {
 		// Deleted and re-created under the same name in one batch.
 		m.delete(s)
 		m.logf("delete %v (to re-create it)", k)
-		m.create()
+		m.createAs(k)
 	case 2:
 		typ := m.rng.IntN(3)
 		m.setType(s, typ)
@@ -825,11 +820,11 @@ func (s *churnSvc) portals() *portal.Service {
 			out.Portals = append(out.Portals, p)
 		}
 	}
-	sortPortals(out.Portals)
+	churnSortPortals(out.Portals)
 	return out
 }
 
-func sortPortals(ps []*portal.Portal) {
+func churnSortPortals(ps []*portal.Portal) {
 	slices.SortFunc(ps, func(a, b *portal.Portal) int { return strings.Compare(a.Key.String(), b.Key.String()) })
 }
 
@@ -1040,6 +1035,46 @@ func (p churnProbe) run(tp *topo) string {
 		return fmt.Sprintf("%s %s: answered by %s, allowed: %v", p.network, p.what, r.Name, p.allowed)
 	}
 	return ""
+}
+
+// churnRead is readKernel over one netlink socket kept open for the whole
+// read (readKernel opens one per request, which costs more than the
+// request on a table with a hundred sets).
+func churnRead(netnsFD int, b *Backend) (*kernelTable, error) {
+	conn, err := nftables.New(nftables.WithNetNSFd(netnsFD), nftables.AsLasting())
+	if err != nil {
+		return nil, err
+	}
+	defer conn.CloseLasting()
+	t := b.table
+	chains, err := conn.ListChainsOfTableFamily(t.Family)
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	k := &kernelTable{rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
+	for _, c := range chains {
+		if c.Table.Name != t.Name {
+			continue
+		}
+		k.chains = append(k.chains, c.Name)
+		k.chainList = append(k.chainList, c)
+		if k.rules[c.Name], err = conn.GetRules(t, c); err != nil {
+			return nil, fmt.Errorf("rules of %s: %w", c.Name, err)
+		}
+	}
+	sort.Strings(k.chains)
+	if k.sets, err = listSets(netnsFD, t); err != nil {
+		return nil, err
+	}
+	for _, s := range k.sets {
+		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.anonymous()})
+		if err != nil {
+			return nil, fmt.Errorf("set %s: %w", s.name, err)
+		}
+		sort.Slice(els, func(i, j int) bool { return string(els[i].Key) < string(els[j].Key) })
+		k.elems[s.name] = els
+	}
+	return k, nil
 }
 
 // Normalising a table for comparison across processes.
