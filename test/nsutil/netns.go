@@ -129,7 +129,12 @@ func doIn(fd int, name string, fn func() error) error {
 			errc <- fmt.Errorf("setns %s: %w", name, err)
 			return
 		}
-		ferr := fn()
+		// fn runs only once the thread is proven to be in the target: code
+		// meant for a test namespace must never touch the root one.
+		ferr := inTarget(fd, name)
+		if ferr == nil {
+			ferr = fn()
+		}
 		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
 			errc <- errors.Join(ferr, fmt.Errorf("setns back from %s: %w", name, err))
 			return
@@ -138,6 +143,22 @@ func doIn(fd int, name string, fn func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// inTarget checks that the calling thread's network namespace is the one
+// behind fd.
+func inTarget(fd int, name string) error {
+	var want, cur unix.Stat_t
+	if err := unix.Fstat(fd, &want); err != nil {
+		return fmt.Errorf("netns %s: %w", name, err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), &cur); err != nil {
+		return err
+	}
+	if cur.Dev != want.Dev || cur.Ino != want.Ino {
+		return fmt.Errorf("setns %s: the thread is not in the namespace; not running", name)
+	}
+	return nil
 }
 
 // NS is a network namespace created for one test by New.
