@@ -63,7 +63,7 @@ func TestCleanupCommands(t *testing.T) {
 	run := func(args ...string) (string, string, error) {
 		var stdout, stderr bytes.Buffer
 		var err error
-		inNetns(t, ns.handle, func() { err = cleanupCmd(context.Background(), args, &stdout, &stderr) })
+		inNetns(t, ns, func() { err = cleanupCmd(context.Background(), args, &stdout, &stderr) })
 		t.Logf("agent cleanup %s:\nstdout:\n%sstderr:\n%s", strings.Join(args, " "), stdout.String(), stderr.String())
 		return stdout.String(), stderr.String(), err
 	}

@@ -61,7 +61,7 @@ func TestKubeProxyLeftoversCleanupLosesNoRequest(t *testing.T) {
 
 	// The endpoint: answers "ok" to every connection.
 	var ln net.Listener
-	inNetns(t, ns.handle, func() {
+	inNetns(t, ns, func() {
 		var err error
 		if ln, err = net.Listen("tcp", "10.244.0.5:8080"); err != nil {
 			t.Errorf("listen: %v", err)
@@ -89,7 +89,7 @@ func TestKubeProxyLeftoversCleanupLosesNoRequest(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		inNetns(t, ns.handle, func() {
+		inNetns(t, ns, func() {
 			for {
 				select {
 				case <-stop:
@@ -116,7 +116,7 @@ func TestKubeProxyLeftoversCleanupLosesNoRequest(t *testing.T) {
 	waitRequests(50)
 	var stdout, stderr strings.Builder
 	var cleanupErr error
-	inNetns(t, ns.handle, func() {
+	inNetns(t, ns, func() {
 		cleanupErr = cleanupCmd(context.Background(), []string{"--kube-proxy-leftovers"}, &stdout, &stderr)
 	})
 	before := ok.Load()

@@ -5,12 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/vishvananda/netns"
 )
 
 func TestLeftoverSplitRule(t *testing.T) {
@@ -121,38 +118,13 @@ table inet someone-else {
 }
 `
 
-// inNetns runs fn on a thread switched into ns. The thread is never handed
-// back to the runtime (the goroutine exits locked), so no other goroutine
-// can run in ns by accident; fn refuses to run unless the switch is proven.
-func inNetns(t *testing.T, ns netns.NsHandle, fn func()) {
+// inNetns runs fn on a thread switched into ns; fn does not run unless
+// the switch is proven.
+func inNetns(t *testing.T, ns *testNetns, fn func()) {
 	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		orig, err := netns.Get()
-		if err != nil {
-			t.Errorf("current netns: %v", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			t.Errorf("setns: %v", err)
-			return
-		}
-		cur, err := netns.Get()
-		if err != nil {
-			t.Errorf("current netns after setns: %v", err)
-			return
-		}
-		defer cur.Close()
-		if !cur.Equal(ns) || cur.Equal(orig) {
-			t.Errorf("thread is not in the test namespace; not running")
-			return
-		}
-		fn()
-	}()
-	<-done
+	if err := ns.Do(func() error { fn(); return nil }); err != nil {
+		t.Error(err)
+	}
 }
 
 func TestCleanupKubeProxyLeftovers(t *testing.T) {
@@ -181,7 +153,7 @@ func TestCleanupKubeProxyLeftovers(t *testing.T) {
 	}
 	nsExec(kubeProxyNFT, "nft", "-f", "-")
 
-	ns := n.handle
+	ns := n
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	var removed []string

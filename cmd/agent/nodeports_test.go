@@ -67,7 +67,7 @@ func TestNodePortAddressesFollowInterfaces(t *testing.T) {
 	sync()
 
 	var ln net.Listener
-	inNetns(t, ns.handle, func() {
+	inNetns(t, ns, func() {
 		var err error
 		if ln, err = net.Listen("tcp", "10.244.0.5:8080"); err != nil {
 			t.Errorf("listen: %v", err)
@@ -89,7 +89,7 @@ func TestNodePortAddressesFollowInterfaces(t *testing.T) {
 	}()
 	reach := func(addr string) error {
 		var err error
-		inNetns(t, ns.handle, func() { err = requestOnce(addr) })
+		inNetns(t, ns, func() { err = requestOnce(addr) })
 		return err
 	}
 
