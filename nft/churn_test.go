@@ -172,7 +172,7 @@ const (
 	churnBatch        = 200 // mutations in a large batch, on average (ONEHOP_CHURN_BATCH)
 	churnFullEvery    = 10
 	churnRestartEvery = 37
-	churnProbes       = 3 // requests per batch
+	churnProbes       = 4 // requests per batch
 )
 
 // hasSCTP reports whether this kernel has SCTP sockets; without them the
@@ -932,8 +932,9 @@ func (m *churnModel) checkWaysIn(k *kernelTable) string {
 	return strings.Join(problems, "\n")
 }
 
-// churnProbe is one request from the client and what may answer it.
+// churnProbe is one request from the client or a pod and what may answer it.
 type churnProbe struct {
+	from          int // a pod, or -1: the client
 	network, addr string
 	what          string
 	allowed       map[string]bool // pod names; empty: the request must be refused
@@ -979,17 +980,36 @@ func (m *churnModel) probes(n int) []churnProbe {
 			if p.ExternalLocal {
 				external = p.LocalEndpoints
 			}
+			// From a pod, external ways in take all endpoints: the Local
+			// policy's chain sends pods on.
+			pod := m.rng.IntN(churnPods)
+			podAddr := podIP(pod)
+			if p.Key.Family == portal.IPv6 {
+				podAddr = podIP6(pod)
+			}
 			add := func(what string, ap netip.AddrPort, eps []netip.AddrPort) {
-				pr := churnProbe{network: network, addr: ap.String(), what: fmt.Sprintf("%s %s of %s", what, ap, p.Key)}
-				switch {
-				case len(eps) > 0:
-					pr.allowed = names(eps)
-				case !hasEps && network == "tcp":
-					// No endpoints at all: rejected (a TCP reset).
-				default:
-					return // dropped: nothing to wait for
+				m.addProbe(&all, churnProbe{from: -1, network: network, addr: ap.String(), what: fmt.Sprintf("%s %s of %s from the client", what, ap, p.Key)}, eps, hasEps, names)
+			}
+			addFromPod := func(what string, ap netip.AddrPort, eps []netip.AddrPort) {
+				m.addProbe(&all, churnProbe{from: pod, network: network, addr: ap.String(), what: fmt.Sprintf("%s %s of %s from %s", what, ap, p.Key, nsutil.PodName(pod))}, eps, hasEps, names)
+			}
+			for _, a := range p.ClusterIPs {
+				addFromPod(entryClusterIP, netip.AddrPortFrom(a, p.Port), internal)
+			}
+			for _, a := range p.ExternalIPs {
+				addFromPod(entryExternalIP, netip.AddrPortFrom(a, p.Port), p.ClusterEndpoints)
+			}
+			for _, a := range p.LoadBalancerIPs {
+				in := len(p.SourceRanges) == 0
+				for _, r := range p.SourceRanges {
+					in = in || r.Contains(podAddr)
 				}
-				all = append(all, pr)
+				if in || !hasEps {
+					addFromPod(entryLoadBalancer, netip.AddrPortFrom(a, p.Port), p.ClusterEndpoints)
+				}
+			}
+			if p.NodePort != 0 && slices.Contains(m.npAddrs, nodeAddr(p.Key.Family)) {
+				addFromPod(entryNodePort, netip.AddrPortFrom(nodeAddr(p.Key.Family), p.NodePort), p.ClusterEndpoints)
 			}
 			for _, a := range p.ClusterIPs {
 				add(entryClusterIP, netip.AddrPortFrom(a, p.Port), internal)
@@ -1006,21 +1026,15 @@ func (m *churnModel) probes(n int) []churnProbe {
 					add(entryLoadBalancer, netip.AddrPortFrom(a, p.Port), external)
 				}
 			}
-			if p.NodePort != 0 {
-				node := netip.MustParseAddr(nodeIP)
-				if p.Key.Family == portal.IPv6 {
-					node = netip.MustParseAddr(nodeIP6)
-				}
-				if slices.Contains(m.npAddrs, node) {
-					add(entryNodePort, netip.AddrPortFrom(node, p.NodePort), external)
-				}
+			if p.NodePort != 0 && slices.Contains(m.npAddrs, nodeAddr(p.Key.Family)) {
+				add(entryNodePort, netip.AddrPortFrom(nodeAddr(p.Key.Family), p.NodePort), external)
 			}
 		}
 	}
 	for _, e := range m.podIPs {
 		for i := range churnPods {
 			if e.Pod == podIP(i) {
-				all = append(all, churnProbe{network: "tcp", addr: netip.AddrPortFrom(e.External, nsutil.EchoPort).String(),
+				all = append(all, churnProbe{from: -1, network: "tcp", addr: netip.AddrPortFrom(e.External, nsutil.EchoPort).String(),
 					what: fmt.Sprintf("pod external IP %v of %v", e.External, e.Pod), allowed: map[string]bool{nsutil.PodName(i): true}})
 			}
 		}
@@ -1029,8 +1043,33 @@ func (m *churnModel) probes(n int) []churnProbe {
 	return all[:min(n, len(all))]
 }
 
+func nodeAddr(f portal.Family) netip.Addr {
+	if f == portal.IPv6 {
+		return netip.MustParseAddr(nodeIP6)
+	}
+	return netip.MustParseAddr(nodeIP)
+}
+
+// addProbe adds pr, allowed to reach eps: none means refused when the
+// portal has no endpoints at all (TCP only: a reset answers at once), and
+// dropped otherwise, which no request is spent on.
+func (m *churnModel) addProbe(all *[]churnProbe, pr churnProbe, eps []netip.AddrPort, hasEps bool, names func([]netip.AddrPort) map[string]bool) {
+	switch {
+	case len(eps) > 0:
+		pr.allowed = names(eps)
+	case !hasEps && pr.network == "tcp":
+	default:
+		return
+	}
+	*all = append(*all, pr)
+}
+
 func (p churnProbe) run(tp *topo) string {
-	r, err := tp.client.Ask(p.network, p.addr, 2*time.Second)
+	from := tp.client
+	if p.from >= 0 {
+		from = tp.pods[p.from]
+	}
+	r, err := from.Ask(p.network, p.addr, 2*time.Second)
 	if len(p.allowed) == 0 {
 		if err == nil {
 			return fmt.Sprintf("%s: has no endpoints, yet %s answered", p.what, r.Name)
