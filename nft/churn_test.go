@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -119,7 +118,7 @@ func TestChurn(t *testing.T) {
 		}
 
 		checkStart := time.Now()
-		got, err := churnRead(tp.node.FD(), tp.b)
+		got, err := readKernelOf(tp.node.FD(), tp.b)
 		if err != nil {
 			fail("read the table: %v", err)
 		}
@@ -135,7 +134,7 @@ func TestChurn(t *testing.T) {
 		if _, err := oracle.Sync(ctx, snap, true); err != nil {
 			fail("full sync of the same snapshot into an empty namespace failed: %v", err)
 		}
-		want, err := churnRead(oracleNS.FD(), oracle)
+		want, err := readKernelOf(oracleNS.FD(), oracle)
 		if err != nil {
 			fail("read the oracle's table: %v", err)
 		}
@@ -1088,46 +1087,6 @@ func (p churnProbe) run(tp *topo) string {
 	return ""
 }
 
-// churnRead is readKernel over one netlink socket kept open for the whole
-// read (readKernel opens one per request, which costs more than the
-// request on a table with a hundred sets).
-func churnRead(netnsFD int, b *Backend) (*kernelTable, error) {
-	conn, err := nftables.New(nftables.WithNetNSFd(netnsFD), nftables.AsLasting())
-	if err != nil {
-		return nil, err
-	}
-	defer conn.CloseLasting()
-	t := b.table
-	chains, err := conn.ListChainsOfTableFamily(t.Family)
-	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
-	}
-	k := &kernelTable{rules: map[string][]*nftables.Rule{}, elems: map[string][]nftables.SetElement{}}
-	for _, c := range chains {
-		if c.Table.Name != t.Name {
-			continue
-		}
-		k.chains = append(k.chains, c.Name)
-		k.chainList = append(k.chainList, c)
-		if k.rules[c.Name], err = conn.GetRules(t, c); err != nil {
-			return nil, fmt.Errorf("rules of %s: %w", c.Name, err)
-		}
-	}
-	sort.Strings(k.chains)
-	if k.sets, err = listSets(netnsFD, t); err != nil {
-		return nil, err
-	}
-	for _, s := range k.sets {
-		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.anonymous()})
-		if err != nil {
-			return nil, fmt.Errorf("set %s: %w", s.name, err)
-		}
-		sort.Slice(els, func(i, j int) bool { return string(els[i].Key) < string(els[j].Key) })
-		k.elems[s.name] = els
-	}
-	return k, nil
-}
-
 // Normalising a table for comparison across processes.
 var (
 	churnCounter = regexp.MustCompile(`counter packets \d+ bytes \d+`)
@@ -1235,3 +1194,6 @@ func lineDiff(a, b string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// readKernelOf reads b's table in the namespace netnsFD.
+func readKernelOf(netnsFD int, b *Backend) (*kernelTable, error) { return readKernel(netnsFD, b.table) }

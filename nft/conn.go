@@ -36,11 +36,12 @@ func bigBuffers(c *netlink.Conn) error {
 }
 
 // newConn opens an nftables connection in the network namespace netnsFD
-// (-1: the caller's).
-func newConn(netnsFD int) (*nftables.Conn, error) {
+// (-1: the caller's), with extra options (nftables.AsLasting for one socket
+// across many requests).
+func newConn(netnsFD int, extra ...nftables.ConnOption) (*nftables.Conn, error) {
 	opts := []nftables.ConnOption{nftables.WithSockOptions(bigBuffers)}
 	if netnsFD >= 0 {
 		opts = append(opts, nftables.WithNetNSFd(netnsFD))
 	}
-	return nftables.New(opts...)
+	return nftables.New(append(opts, extra...)...)
 }

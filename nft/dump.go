@@ -54,12 +54,13 @@ func (k *kernelTable) set(name string) *setDecl {
 }
 
 // readKernel reads the whole table from the kernel of the network namespace
-// netnsFD (-1: the caller's).
+// netnsFD (-1: the caller's), over one socket.
 func readKernel(netnsFD int, t *nftables.Table) (*kernelTable, error) {
-	conn, err := newConn(netnsFD)
+	conn, err := newConn(netnsFD, nftables.AsLasting())
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = conn.CloseLasting() }()
 	if _, err := conn.ListTableOfFamily(t.Name, t.Family); err != nil {
 		return nil, fmt.Errorf("table inet %s not found (is onehop running here?): %w", t.Name, err)
 	}
