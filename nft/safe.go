@@ -14,24 +14,20 @@ import (
 // own: a panic there leaves the transaction untouched, and k is then
 // diffed as deleted (its objects leave the kernel, nothing new is added)
 // and reported in the sync's stats, while every other Service syncs. The
-// cost is a second render of each changed Service, which is small next to
-// the netlink transaction.
+// diff then uses those rendered objects: nothing is rendered twice.
 //
 // A panic in the diff itself, after rendering, may leave part of k's
 // changes in the transaction, which must then not be committed: the sync
 // fails (the kernel keeps its previous state) and the panic is reported.
 func (t *tx) serviceSafely(k portal.ServiceKey, svc *portal.Service) {
+	var rendered map[portal.PortKey]*objects
 	if svc != nil && t.renders(k, svc) {
-		if p := dataplane.CatchServicePanic("nft", k, func() {
-			for _, pt := range svc.Portals {
-				render(pt, t.b.cfg)
-			}
-		}); p != nil {
+		if p := dataplane.CatchServicePanic("nft", k, func() { rendered = t.renderService(svc) }); p != nil {
 			t.stats.Panics = append(t.stats.Panics, *p)
-			svc = nil
+			svc, rendered = nil, nil
 		}
 	}
-	if p := dataplane.CatchServicePanic("nft", k, func() { t.service(k, svc) }); p != nil {
+	if p := dataplane.CatchServicePanic("nft", k, func() { t.serviceRendered(k, svc, rendered) }); p != nil {
 		t.stats.Panics = append(t.stats.Panics, *p)
 		if t.err == nil {
 			t.err = fmt.Errorf("nft: diffing Service %s: %w", k, p.Err)

@@ -128,6 +128,23 @@ func (t *tx) owner(id string) (portal.PortKey, bool) {
 
 // service diffs one Service against what was applied.
 func (t *tx) service(k portal.ServiceKey, svc *portal.Service) {
+	t.serviceRendered(k, svc, nil)
+}
+
+// renderService renders every portal of svc (nil: none).
+func (t *tx) renderService(svc *portal.Service) map[portal.PortKey]*objects {
+	objs := map[portal.PortKey]*objects{}
+	if svc != nil {
+		for _, p := range svc.Portals {
+			objs[p.Key] = render(p, t.b.cfg)
+		}
+	}
+	return objs
+}
+
+// serviceRendered is service with svc's portals already rendered
+// (rendered nil: render them here).
+func (t *tx) serviceRendered(k portal.ServiceKey, svc *portal.Service, rendered map[portal.PortKey]*objects) {
 	old := t.oldService(k)
 	if old == nil && svc == nil {
 		return
@@ -140,11 +157,9 @@ func (t *tx) service(k portal.ServiceKey, svc *portal.Service) {
 	if old != nil {
 		oldObjs = old.objs
 	}
-	newObjs := map[portal.PortKey]*objects{}
-	if svc != nil {
-		for _, p := range svc.Portals {
-			newObjs[p.Key] = render(p, t.b.cfg)
-		}
+	newObjs := rendered
+	if newObjs == nil {
+		newObjs = t.renderService(svc)
 	}
 	keys := make([]portal.PortKey, 0, len(oldObjs)+len(newObjs))
 	for pk := range oldObjs {
