@@ -7,7 +7,7 @@ import (
 	"github.com/onehop/onehop/portal"
 )
 
-// serviceSafely is (*tx).service for the sync loop, with a panic confined
+// serviceSafely is (*tx).serviceRendered for the sync loop, with a panic confined
 // to the one Service that raised it.
 //
 // Rendering is pure, so Service k's portals are first rendered on their
@@ -35,7 +35,7 @@ func (t *tx) serviceSafely(k portal.ServiceKey, svc *portal.Service) {
 	}
 }
 
-// renders reports whether t.service will render svc: not when it equals
+// renders reports whether serviceRendered will render svc: not when it equals
 // what was applied.
 func (t *tx) renders(k portal.ServiceKey, svc *portal.Service) bool {
 	old := t.oldService(k)

@@ -126,11 +126,6 @@ func (t *tx) owner(id string) (portal.PortKey, bool) {
 	return o, ok
 }
 
-// service diffs one Service against what was applied.
-func (t *tx) service(k portal.ServiceKey, svc *portal.Service) {
-	t.serviceRendered(k, svc, nil)
-}
-
 // renderService renders every portal of svc (nil: none).
 func (t *tx) renderService(svc *portal.Service) map[portal.PortKey]*objects {
 	objs := map[portal.PortKey]*objects{}
@@ -142,8 +137,8 @@ func (t *tx) renderService(svc *portal.Service) map[portal.PortKey]*objects {
 	return objs
 }
 
-// serviceRendered is service with svc's portals already rendered
-// (rendered nil: render them here).
+// serviceRendered diffs one Service against what was applied, with svc's
+// portals already rendered (rendered nil: render them here).
 func (t *tx) serviceRendered(k portal.ServiceKey, svc *portal.Service, rendered map[portal.PortKey]*objects) {
 	old := t.oldService(k)
 	if old == nil && svc == nil {
