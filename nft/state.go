@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -105,6 +106,11 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 			k.sets[s.name] = s
 		}
 	}
+	d, err := b.newElemDumper()
+	if err != nil {
+		return nil, err
+	}
+	defer d.close()
 	for _, want := range fixedSets(b.table) {
 		have := k.sets[want.Name]
 		if have == nil {
@@ -113,7 +119,7 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 		if have.keyLen != want.KeyType.Bytes || have.isMap() != want.IsMap {
 			return nil, fmt.Errorf("set %s has another type than this version uses", want.Name)
 		}
-		els, err := b.dumpElements(want.Name)
+		els, err := d.dump(want.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -224,18 +230,40 @@ func decodeVerdict(b []byte) *expr.Verdict {
 	return v
 }
 
-// dumpElements reads the elements of a named set in one dump. It asks for
-// large messages: the kernel resumes a set dump by walking the set from
-// its start, so the number of messages multiplies the cost of a large set.
-func (b *Backend) dumpElements(set string) ([]nftables.SetElement, error) {
+// elemDumper reads the elements of named sets, one dump each, over one
+// socket and one buffer. It asks for large messages: the kernel resumes a
+// set dump by walking the set from its start, so the number of messages
+// multiplies the cost of a large set.
+type elemDumper struct {
+	b   *Backend
+	c   *netlink.Conn
+	raw syscall.RawConn
+	buf []byte
+}
+
+func (b *Backend) newElemDumper() (*elemDumper, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: max(b.netnsFD, 0)})
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	defer c.Close()
 	if err := bigBuffers(c); err != nil {
+		c.Close()
 		return nil, err
 	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	// With a large receive buffer the kernel fills 32 KiB per message.
+	return &elemDumper{b: b, c: c, raw: raw, buf: make([]byte, 1<<20)}, nil
+}
+
+func (d *elemDumper) close() { d.c.Close() }
+
+// dump reads the elements of the named set.
+func (d *elemDumper) dump(set string) ([]nftables.SetElement, error) {
+	b, raw, buf := d.b, d.raw, d.buf
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(b.table.Name + "\x00")},
 		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set + "\x00")},
@@ -250,15 +278,10 @@ func (b *Backend) dumpElements(set string) ([]nftables.SetElement, error) {
 		},
 		Data: append([]byte{byte(b.table.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
 	}
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := c.Send(req); err != nil {
+	if _, err := d.c.Send(req); err != nil {
 		return nil, fmt.Errorf("dump set %s: %w", set, err)
 	}
 	var out []nftables.SetElement
-	buf := make([]byte, 1<<20) // the kernel then fills 32 KiB per message
 	for {
 		var n int
 		var rerr error
