@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/portal"
@@ -1112,31 +1111,21 @@ func churnNormal(k *kernelTable) string {
 		var b strings.Builder
 		b.WriteString(txt)
 		for ri, r := range k.rules[c.Name] {
-			var imm [][]byte
-			for _, e := range r.Exprs {
-				switch e := e.(type) {
-				case *expr.Immediate:
-					imm = append(imm, e.Data)
-				case *expr.Lookup:
-					if !strings.HasPrefix(e.SetName, "endpoints") || len(imm) != 1 {
-						continue
-					}
-					f := portal.IPv4
-					if strings.HasPrefix(e.SetName, "endpoints6") {
-						f = portal.IPv6
-					}
-					if reached[e.SetName] == nil {
-						reached[e.SetName] = map[string]bool{}
-					}
-					for _, el := range k.elems[e.SetName] {
-						if len(el.Key) < 4 || string(el.Key[:4]) != string(imm[0]) {
-							continue
-						}
-						reached[e.SetName][string(el.Key)] = true
-						ap, _ := decodeAddrPortVal(f, el.Val)
-						fmt.Fprintf(&b, "\t\t# rule %d: %x -> %v\n", ri, el.Key[4:], ap)
-					}
-				}
+			set, els, _ := k.ruleEndpointElems(r)
+			if set == "" {
+				continue
+			}
+			f := portal.IPv4
+			if strings.HasPrefix(set, "endpoints6") {
+				f = portal.IPv6
+			}
+			if reached[set] == nil {
+				reached[set] = map[string]bool{}
+			}
+			for _, el := range els {
+				reached[set][string(el.Key)] = true
+				ap, _ := decodeAddrPortVal(f, el.Val)
+				fmt.Fprintf(&b, "\t\t# rule %d: %x -> %v\n", ri, el.Key[4:], ap)
 			}
 		}
 		blocks = append(blocks, b.String())

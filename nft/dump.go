@@ -316,9 +316,10 @@ func ruleCounter(r *nftables.Rule) (uint64, uint64) {
 	return 0, 0
 }
 
-// ruleEndpoints returns the DNAT targets of a rule.
-func (k *kernelTable) ruleEndpoints(f portal.Family, r *nftables.Rule) []netip.AddrPort {
-	var imm [][]byte
+// ruleEndpointElems returns the endpoint map a rule picks from and the
+// elements it can pick (those keyed by the rule's chain id), or "" when the
+// rule picks from no endpoint map. imm holds the rule's immediates.
+func (k *kernelTable) ruleEndpointElems(r *nftables.Rule) (set string, els []nftables.SetElement, imm [][]byte) {
 	for _, e := range r.Exprs {
 		switch e := e.(type) {
 		case *expr.Immediate:
@@ -327,17 +328,28 @@ func (k *kernelTable) ruleEndpoints(f portal.Family, r *nftables.Rule) []netip.A
 			if !strings.HasPrefix(e.SetName, "endpoints") || len(imm) != 1 {
 				continue
 			}
-			var out []netip.AddrPort
 			for _, el := range k.elems[e.SetName] {
-				if len(el.Key) < 4 || string(el.Key[:4]) != string(imm[0]) {
-					continue
-				}
-				if ap, ok := decodeAddrPortVal(f, el.Val); ok {
-					out = append(out, ap)
+				if len(el.Key) >= 4 && string(el.Key[:4]) == string(imm[0]) {
+					els = append(els, el)
 				}
 			}
-			return out
+			return e.SetName, els, imm
 		}
+	}
+	return "", nil, imm
+}
+
+// ruleEndpoints returns the DNAT targets of a rule.
+func (k *kernelTable) ruleEndpoints(f portal.Family, r *nftables.Rule) []netip.AddrPort {
+	set, els, imm := k.ruleEndpointElems(r)
+	if set != "" {
+		var out []netip.AddrPort
+		for _, el := range els {
+			if ap, ok := decodeAddrPortVal(f, el.Val); ok {
+				out = append(out, ap)
+			}
+		}
+		return out
 	}
 	if len(imm) == 2 {
 		a, ok := netip.AddrFromSlice(imm[0])
