@@ -3,7 +3,6 @@ package dataplane
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -186,33 +185,7 @@ func (h *HealthServer) Run(ctx context.Context) error {
 // Serve serves on ln until ctx is done, then closes it.
 func (h *HealthServer) Serve(ctx context.Context, ln net.Listener) error {
 	slog.InfoContext(ctx, "health server listening", "addr", ln.Addr().String())
-	return serveHTTP(ctx, ln, h.Handler(), "health server")
-}
-
-// serveHTTP serves handler on ln until ctx is done, then shuts the server
-// down, giving in-flight requests a moment to finish.
-func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, what string) error {
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("%s on %s: %w", what, ln.Addr(), err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("%s on %s: %w", what, ln.Addr(), err)
-	}
-	return nil
+	return serveHTTP(ctx, ln, nil, h.Handler(), "health server")
 }
 
 // unixSeconds is t as fractional seconds since the epoch, as Prometheus

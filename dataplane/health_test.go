@@ -234,19 +234,8 @@ func TestHealthRun(t *testing.T) {
 		}
 	}()
 
-	var resp *http.Response
-	for range 200 { // until Run has bound the port
-		if resp, err = http.Get("http://" + addr + "/healthz"); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("health server never answered: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("/healthz = %d, want 200", resp.StatusCode)
+	if code := getWhenUp(t, "http://"+addr+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d, want 200", code)
 	}
 
 	// A second server cannot bind the same address, and says so.

@@ -303,5 +303,9 @@ func (m *Metrics) ServeListener(ctx context.Context, ln net.Listener, reg promet
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	slog.InfoContext(ctx, "metrics server listening", "addr", ln.Addr().String(), "profiling", profiling)
-	return serveHTTP(ctx, ln, mux, "metrics server")
+	srv := newServer(nil)
+	if profiling {
+		srv.WriteTimeout = profileWriteTimeout
+	}
+	return serveHTTP(ctx, ln, srv, mux, "metrics server")
 }

@@ -231,11 +231,8 @@ func (s *ServiceHealth) start(port uint16, w hcWant) (*hcServer, error) {
 		return nil, err
 	}
 	srv := &hcServer{port: port, svc: w.svc, localEndpoints: w.count, done: make(chan struct{})}
-	srv.srv = &http.Server{
-		Handler:           &hcHandler{srv: srv, healthy: s.healthy},
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-	}
+	srv.srv = newServer(&hcHandler{srv: srv, healthy: s.healthy})
+	srv.srv.ErrorLog = slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	go func() {
 		defer close(srv.done)
 		if err := srv.srv.Serve(ln); err != nil && err != http.ErrServerClosed {

@@ -404,29 +404,27 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	metrics := dataplane.NewMetrics(reg)
-	serveFailed := func(what, addr string, err error) {
-		if f.bindHardFail {
-			fatal(fmt.Errorf("%s server on %s (bindAddressHardFail): %w", what, addr, err))
-			return
+	// A health or metrics address that cannot be bound (another process
+	// holds it) is retried every few seconds, as in kube-proxy, unless
+	// bindAddressHardFail asks to exit.
+	serveFailed := func(what, addr string) func(error) {
+		return func(err error) {
+			if f.bindHardFail {
+				fatal(fmt.Errorf("%s server on %s (bindAddressHardFail): %w", what, addr, err))
+			}
 		}
-		log.Error(what+" server stopped", "addr", addr, "err", err)
 	}
 	var health *dataplane.HealthServer
 	if f.healthzAddr != "" {
 		health = dataplane.NewHealthServer(f.healthzAddr, f.syncPeriod, nil)
 		health.SetMetrics(metrics)
-		go func() {
-			if err := health.Run(ctx); err != nil {
-				serveFailed("healthz", f.healthzAddr, err)
-			}
-		}()
+		go dataplane.ServeRetrying(ctx, log.With("addr", f.healthzAddr), "healthz", dataplane.BindRetry, health.Run,
+			serveFailed("healthz", f.healthzAddr))
 	}
 	if f.metricsAddr != "" {
-		go func() {
-			if err := metrics.Serve(ctx, f.metricsAddr, reg, f.profiling); err != nil {
-				serveFailed("metrics", f.metricsAddr, err)
-			}
-		}()
+		serve := func(ctx context.Context) error { return metrics.Serve(ctx, f.metricsAddr, reg, f.profiling) }
+		go dataplane.ServeRetrying(ctx, log.With("addr", f.metricsAddr), "metrics", dataplane.BindRetry, serve,
+			serveFailed("metrics", f.metricsAddr))
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
