@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -40,6 +41,9 @@ type HealthServer struct {
 	nodeDeleting bool
 	nodeTainted  bool
 	metrics      *Metrics
+	// serverFailures: the agent's other servers (metrics) that cannot
+	// serve now, with why (ServerFailed).
+	serverFailures map[string]string
 }
 
 // NewHealthServer returns a health server that will listen on addr
@@ -110,6 +114,27 @@ type healthBody struct {
 	CurrentTime  time.Time `json:"currentTime"`
 	NodeEligible *bool     `json:"nodeEligible,omitempty"`
 	Healthy      bool      `json:"healthy"`
+	// ServerFailures (on /healthz only) names the agent's servers that
+	// cannot serve, e.g. a metrics address another process holds, with
+	// the error. It does not change the status code: a metrics port is
+	// no reason for load balancers to drain the node.
+	ServerFailures map[string]string `json:"serverFailures,omitempty"`
+}
+
+// ServerFailed records that the agent's server what (e.g. "metrics")
+// cannot serve because of err, or serves again (err nil); /healthz shows
+// it.
+func (h *HealthServer) ServerFailed(what string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		delete(h.serverFailures, what)
+		return
+	}
+	if h.serverFailures == nil {
+		h.serverFailures = map[string]string{}
+	}
+	h.serverFailures[what] = err.Error()
 }
 
 // state returns the proxy's health (ignoring the node) and the node's
@@ -135,6 +160,9 @@ func (h *HealthServer) Handler() http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		body, eligible, m := h.state()
 		body.NodeEligible = &eligible
+		h.mu.Lock()
+		body.ServerFailures = maps.Clone(h.serverFailures)
+		h.mu.Unlock()
 		body.Healthy = body.Healthy && eligible
 		code := writeHealth(w, body)
 		if m != nil {

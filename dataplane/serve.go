@@ -42,34 +42,44 @@ func newServer(handler http.Handler) *http.Server {
 // an address, as kube-proxy does for its health and metrics servers.
 const BindRetry = 5 * time.Second
 
-// ServeRetrying runs serve (a HealthServer's Run or a Metrics' Serve) until
-// ctx ends. When it fails (the address is taken, or the server stops), the
-// failure goes to failed, and it is tried again after retry: a port another
-// process holds for a while is served once it is free, instead of never.
-// failed sees every failure; it may end the process (bindAddressHardFail).
-// A failure equal to the previous one is logged at debug level only.
-func ServeRetrying(ctx context.Context, log *slog.Logger, what string, retry time.Duration,
-	serve func(context.Context) error, failed func(error)) {
+// ServeRetrying binds addr (TCP) and runs serve on it (a HealthServer's
+// Serve, or a Metrics' ServeListener) until ctx ends. When the bind or the
+// server fails, report gets the error, and it is tried again after retry: a
+// port another process holds for a while is served once it is free, instead
+// of never. report(nil) follows each successful bind. report may end the
+// process (bindAddressHardFail). A failure equal to the previous one is
+// logged at debug level only.
+func ServeRetrying(ctx context.Context, log *slog.Logger, what, addr string, retry time.Duration,
+	serve func(context.Context, net.Listener) error, report func(error)) {
 	if retry <= 0 {
 		retry = BindRetry
 	}
+	if report == nil {
+		report = func(error) {}
+	}
 	var last string
 	for ctx.Err() == nil {
-		err := serve(ctx)
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", addr)
+		if err == nil {
+			report(nil)
+			last = ""
+			err = serve(ctx, ln)
+			if err == nil {
+				err = errors.New("stopped")
+			}
+		} else {
+			err = fmt.Errorf("listen on %s: %w", addr, err)
+		}
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil {
-			err = errors.New("stopped")
-		}
-		if failed != nil {
-			failed(err)
-		}
+		report(err)
 		if msg := err.Error(); msg != last {
-			log.Error(what+" server failed; retrying", "err", err, "retry", retry)
+			log.Error(what+" server failed; retrying", "addr", addr, "err", err, "retry", retry)
 			last = msg
 		} else {
-			log.Debug(what+" server still failing", "err", err)
+			log.Debug(what+" server still failing", "addr", addr, "err", err)
 		}
 		t := time.NewTimer(retry)
 		select {

@@ -2,10 +2,12 @@ package dataplane
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,11 +27,17 @@ func TestServeRetryingBindsOnceFree(t *testing.T) {
 	h := NewHealthServer(addr, time.Second, nil)
 	h.SyncNode(false, false)
 	ctx, cancel := context.WithCancel(context.Background())
-	var failures atomic.Int32
+	var failures, ups atomic.Int32
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ServeRetrying(ctx, slog.Default(), "healthz", 20*time.Millisecond, h.Run, func(error) { failures.Add(1) })
+		ServeRetrying(ctx, slog.Default(), "healthz", addr, 20*time.Millisecond, h.Serve, func(err error) {
+			if err != nil {
+				failures.Add(1)
+			} else {
+				ups.Add(1)
+			}
+		})
 	}()
 	defer func() {
 		cancel()
@@ -42,9 +50,41 @@ func TestServeRetryingBindsOnceFree(t *testing.T) {
 	if n := failures.Load(); n < 2 {
 		t.Fatalf("%d bind failures reported while the address was taken, want at least 2 (one per retry)", n)
 	}
+	if n := ups.Load(); n != 0 {
+		t.Fatalf("bind reported up %d times while the address was taken", n)
+	}
 	holder.Close()
 	if code := getWhenUp(t, "http://"+addr+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d, want 200", code)
+	}
+	if n := ups.Load(); n != 1 {
+		t.Errorf("bind reported up %d times, want 1", n)
+	}
+}
+
+// TestHealthzShowsServerFailures: a server the agent cannot run (a metrics
+// address another process holds) shows in /healthz's body, without
+// turning the node unhealthy, and goes once it serves.
+func TestHealthzShowsServerFailures(t *testing.T) {
+	h := NewHealthServer("", time.Second, nil)
+	h.SyncNode(false, false)
+	get := func() (int, healthBody) {
+		rec := httptest.NewRecorder()
+		h.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		var b healthBody
+		if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Code, b
+	}
+	h.ServerFailed("metrics", errors.New("listen on 127.0.0.1:10249: address already in use"))
+	code, b := get()
+	if code != http.StatusOK || b.ServerFailures["metrics"] == "" {
+		t.Errorf("with metrics failing: %d %+v, want 200 naming metrics", code, b)
+	}
+	h.ServerFailed("metrics", nil)
+	if code, b = get(); code != http.StatusOK || len(b.ServerFailures) != 0 {
+		t.Errorf("with metrics serving again: %d %+v, want 200 and no failures", code, b)
 	}
 }
 
@@ -74,9 +114,14 @@ func TestServeRetryingStopsWithContext(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ServeRetrying(ctx, slog.Default(), "test", time.Hour, func(context.Context) error {
-			return errors.New("address in use")
-		}, func(error) { failures.Add(1) })
+		ServeRetrying(ctx, slog.Default(), "test", "127.0.0.1:0", time.Hour, func(_ context.Context, ln net.Listener) error {
+			ln.Close()
+			return errors.New("server broke")
+		}, func(err error) {
+			if err != nil {
+				failures.Add(1)
+			}
+		})
 	}()
 	for failures.Load() == 0 {
 		time.Sleep(time.Millisecond)

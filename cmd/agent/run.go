@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -407,24 +408,32 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	// A health or metrics address that cannot be bound (another process
 	// holds it) is retried every few seconds, as in kube-proxy, unless
 	// bindAddressHardFail asks to exit.
-	serveFailed := func(what, addr string) func(error) {
+	var health *dataplane.HealthServer
+	// report follows the health and metrics servers: a failure is shown in
+	// /healthz (the metrics server's), or ends the agent with
+	// bindAddressHardFail.
+	report := func(what, addr string) func(error) {
 		return func(err error) {
-			if f.bindHardFail {
+			if err != nil && f.bindHardFail {
 				fatal(fmt.Errorf("%s server on %s (bindAddressHardFail): %w", what, addr, err))
+			}
+			if health != nil && what != "healthz" {
+				health.ServerFailed(what, err)
 			}
 		}
 	}
-	var health *dataplane.HealthServer
 	if f.healthzAddr != "" {
 		health = dataplane.NewHealthServer(f.healthzAddr, f.syncPeriod, nil)
 		health.SetMetrics(metrics)
-		go dataplane.ServeRetrying(ctx, log.With("addr", f.healthzAddr), "healthz", dataplane.BindRetry, health.Run,
-			serveFailed("healthz", f.healthzAddr))
+		go dataplane.ServeRetrying(ctx, log, "healthz", f.healthzAddr, dataplane.BindRetry, health.Serve,
+			report("healthz", f.healthzAddr))
 	}
 	if f.metricsAddr != "" {
-		serve := func(ctx context.Context) error { return metrics.Serve(ctx, f.metricsAddr, reg, f.profiling) }
-		go dataplane.ServeRetrying(ctx, log.With("addr", f.metricsAddr), "metrics", dataplane.BindRetry, serve,
-			serveFailed("metrics", f.metricsAddr))
+		serve := func(ctx context.Context, ln net.Listener) error {
+			return metrics.ServeListener(ctx, ln, reg, f.profiling)
+		}
+		go dataplane.ServeRetrying(ctx, log, "metrics", f.metricsAddr, dataplane.BindRetry, serve,
+			report("metrics", f.metricsAddr))
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
