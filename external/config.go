@@ -32,6 +32,14 @@ type Config struct {
 	// LeaderLease tunes the allocator's leader election (defaults 15s/10s/2s).
 	LeaderLease LeaseTiming `json:"leaderLease,omitzero"`
 
+	// SeparateController leaves the cluster-wide part of the hook (the
+	// allocator, Service status, the webhook and refusal events) to
+	// `agent controller`, a Deployment of its own with its own RBAC; the
+	// node agents then run only the per-node part (providers, their own
+	// liveness Lease) and write nothing cluster-wide. Off: every agent
+	// campaigns for the cluster-wide part itself (one binary, one RBAC).
+	SeparateController bool `json:"separateController,omitempty"`
+
 	// PodExternalIPs watches Pods for onehop.io/external-ip (a cluster-wide
 	// Pod watch on every node; off by default).
 	PodExternalIPs bool `json:"podExternalIPs,omitempty"`

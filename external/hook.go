@@ -1,20 +1,16 @@
 package external
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
-	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -26,14 +22,18 @@ import (
 // webhook sender) is elected with.
 const AllocatorLeaseName = "onehop-external"
 
-// Hook is one agent's part of the cloud hook: it runs the allocator when
-// elected, computes which nodes should receive each external IP, and drives
-// the providers.
+// Hook is one process's part of the cloud hook (see role): on a node it
+// computes which nodes should receive each external IP and drives the
+// providers; where the cluster-wide part runs, it campaigns for the
+// allocator Lease and, when elected, runs the allocator, the webhook sender
+// and the refusal events.
 type Hook struct {
 	cfg    *parsed
 	client kubernetes.Interface
-	node   string
-	log    *slog.Logger
+	role   role
+	// node is this node's name; empty in the controller.
+	node string
+	log  *slog.Logger
 
 	factory  informers.SharedInformerFactory
 	leaseInf informers.SharedInformerFactory
@@ -72,22 +72,42 @@ type Hook struct {
 	reported map[string]bool
 }
 
-// New builds the hook of node nodeName. Nothing runs until Run.
+// New builds the hook of node nodeName: its per-node part and, unless
+// cfg.SeparateController, a candidate for the cluster-wide part. Nothing
+// runs until Run.
 func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Logger) (*Hook, error) {
+	if nodeName == "" {
+		return nil, errors.New("external: node name is required")
+	}
+	r := roleAll
+	if cfg.SeparateController {
+		r = roleNode
+	}
+	return newHook(cfg, client, r, nodeName, nodeName, log)
+}
+
+// NewController builds the cluster-wide part of the hook alone, for
+// `agent controller`: identity names this candidate in the allocator Lease
+// (the pod's name). It announces nothing and holds no liveness Lease.
+func NewController(cfg Config, client kubernetes.Interface, identity string, log *slog.Logger) (*Hook, error) {
+	if identity == "" {
+		return nil, errors.New("external: controller identity is required")
+	}
+	return newHook(cfg, client, roleController, "", identity, log)
+}
+
+func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity string, log *slog.Logger) (*Hook, error) {
 	p, err := cfg.parse()
 	if err != nil {
 		return nil, fmt.Errorf("external: %w", err)
 	}
-	if nodeName == "" {
-		return nil, errors.New("external: node name is required")
-	}
-	if p.BGP != nil {
+	if p.BGP != nil && r.node() {
 		if err := p.BGP.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	h := &Hook{cfg: p, client: client, node: nodeName, log: log, wake: make(chan struct{}, 1),
-		programmed: map[served]programmed{}, identity: nodeName, registry: newRegistry(p)}
+	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1),
+		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p)}
 	h.factory = informers.NewSharedInformerFactory(client, 0)
 	h.services = h.factory.Core().V1().Services().Informer()
 	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
@@ -102,13 +122,16 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 			DeleteFunc: func(any) { h.podsPoke() },
 		})
 	}
-	h.broadcast = record.NewBroadcaster()
-	h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: nodeName})
+	if r.controller() {
+		h.broadcast = record.NewBroadcaster()
+		h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: identity})
+	}
 	return h, nil
 }
 
 // AddProvider adds a provider of the caller's (a cloud integration); call
-// before Run.
+// before Run. On a node it is told what this node serves; in the
+// controller State.Node is empty and State.Leader says when to act.
 func (h *Hook) AddProvider(p Provider) { h.extra = append(h.extra, p) }
 
 // Programmed tells the hook what this node's dataplane holds now; call it
@@ -195,104 +218,6 @@ func (h *Hook) handler() cache.ResourceEventHandler {
 	}
 }
 
-// Run runs until ctx ends; then it withdraws every announcement (providers'
-// Close) before returning.
-func (h *Hook) Run(ctx context.Context) error {
-	h.broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: h.client.CoreV1().Events("")})
-	defer h.broadcast.Shutdown()
-	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods} {
-		if inf != nil {
-			if _, err := inf.AddEventHandler(h.handler()); err != nil {
-				return err
-			}
-		}
-	}
-	h.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { h.allocEnqueue(o) },
-		UpdateFunc: func(_, o any) { h.allocEnqueue(o) },
-		DeleteFunc: func(o any) { h.allocEnqueue(o) },
-	})
-	h.factory.Start(ctx.Done())
-	defer h.factory.Shutdown()
-	for t, ok := range h.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("external: cache of %v did not sync", t)
-		}
-	}
-	if err := h.startProviders(ctx); err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	if h.needsLeader() {
-		wg.Go(func() { h.lead(ctx) })
-	}
-	if h.liveness != nil {
-		h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace))
-		li := h.leaseInf.Coordination().V1().Leases().Informer()
-		h.liveness.mu.Lock()
-		h.liveness.synced = li.HasSynced
-		h.liveness.mu.Unlock()
-		li.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },
-			UpdateFunc: func(_, o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },
-			DeleteFunc: func(o any) {
-				if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
-					o = d.Obj
-				}
-				if l, ok := o.(*coordinationv1.Lease); ok {
-					h.liveness.forget(l.Name)
-				}
-			},
-		})
-		h.leaseInf.Start(ctx.Done())
-		defer h.leaseInf.Shutdown()
-		wg.Go(func() { h.liveness.run(ctx) })
-	}
-	if h.notifier != nil {
-		h.notifier.Start(ctx)
-	}
-	tick := time.NewTicker(250 * time.Millisecond) // liveness expiry is time-driven
-	defer tick.Stop()
-	var last string
-	for done := false; !done; {
-		select {
-		case <-ctx.Done():
-			done = true
-			continue
-		case <-h.wake:
-		case <-tick.C:
-		}
-		st := h.state()
-		if fp := fingerprint(st); fp == last {
-			continue
-		} else {
-			last = fp
-		}
-		for _, p := range h.providers {
-			if err := p.Update(ctx, st); err != nil {
-				h.log.Warn("provider update failed", "provider", p.Name(), "err", err)
-			}
-		}
-	}
-	// Withdraw first: routers must stop sending here before the dataplane goes.
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, p := range h.providers {
-		if err := p.Close(cctx); err != nil {
-			h.log.Warn("provider close failed", "provider", p.Name(), "err", err)
-		}
-	}
-	wg.Wait()
-	if h.notifier != nil {
-		h.notifier.Wait()
-	}
-	return nil
-}
-
-func (h *Hook) needsLeader() bool {
-	return len(h.cfg.pools) > 0 || h.cfg.Webhook != nil || h.cfg.PodExternalIPs
-}
-
 func (h *Hook) nodeAddrs(name string) []netip.Addr {
 	obj, ok, _ := h.nodes.GetStore().GetByKey(name)
 	if !ok {
@@ -308,21 +233,4 @@ func (h *Hook) nodeAddrs(name string) []netip.Addr {
 		}
 	}
 	return out
-}
-
-// fingerprint: providers are called again only when something they can see
-// changed (including liveness and what this node serves).
-func fingerprint(s *State) string {
-	b := fmt.Appendf(nil, "%v|", s.Leader)
-	for _, t := range s.Targets {
-		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, t.Nodes, t.HealthCheckNodePort, t.Ports)
-	}
-	for _, ip := range s.IPs() {
-		b = fmt.Appendf(b, "%s:%v:", ip, s.Serves(ip))
-		for _, n := range s.Eligible(ip) {
-			b = fmt.Appendf(b, "%s=%v,", n, s.Alive(n))
-		}
-	}
-	b = fmt.Appendf(b, "%v", s.NodeAddresses)
-	return string(b)
 }

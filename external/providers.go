@@ -124,7 +124,29 @@ func webhookPayloads(s *State) []webhook.Payload {
 	return out
 }
 
+// startProviders starts what the hook's role runs: BGP and L2 (with this
+// node's liveness Lease) on a node, the webhook sender where the
+// cluster-wide part runs, the caller's own everywhere.
 func (h *Hook) startProviders(ctx context.Context) error {
+	if h.role.node() {
+		if err := h.startNodeProviders(ctx); err != nil {
+			return err
+		}
+	}
+	if c := h.cfg.Webhook; c != nil && h.role.controller() {
+		n, err := webhook.New(*c, h.log.With("provider", "webhook"), h.webhookFailed, nil)
+		if err != nil {
+			return err
+		}
+		h.notifier = n
+		h.providers = append(h.providers, &webhookProvider{n: n})
+	}
+	h.providers = append(h.providers, h.extra...)
+	return nil
+}
+
+// startNodeProviders starts the providers that announce from this node.
+func (h *Hook) startNodeProviders(ctx context.Context) error {
 	if c := h.cfg.BGP; c != nil {
 		var internal []netip.Addr
 		if obj, ok, _ := h.nodes.GetStore().GetByKey(h.node); ok {
@@ -158,17 +180,11 @@ func (h *Hook) startProviders(ctx context.Context) error {
 		}
 		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 		h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
+		// Back from an outage or a partition: the others may have taken
+		// this node's IPs meanwhile; announcing them again moves clients back.
+		h.liveness.resumed = func() { r.Reannounce(r.Owned()) }
 		h.providers = append(h.providers, &l2Provider{r: r})
 	}
-	if c := h.cfg.Webhook; c != nil {
-		n, err := webhook.New(*c, h.log.With("provider", "webhook"), h.webhookFailed, nil)
-		if err != nil {
-			return err
-		}
-		h.notifier = n
-		h.providers = append(h.providers, &webhookProvider{n: n})
-	}
-	h.providers = append(h.providers, h.extra...)
 	return nil
 }
 

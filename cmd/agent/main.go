@@ -1,6 +1,8 @@
 // Command agent is onehop's per-node agent: run it in place of kube-proxy.
 //
 //	agent run        keep the kernel in step with Services and EndpointSlices
+//	agent controller the cloud hook's cluster-wide part (IP allocation,
+//	                 Service status, webhook), leader-elected, as a Deployment
 //	agent dump-rules show what the kernel holds, per Service port
 //	agent cleanup    remove everything onehop installed (with
 //	                 --kube-proxy-leftovers: only kube-proxy's rules)
@@ -35,6 +37,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		err = runCmd(ctx, args[1:], stderr)
+	case "controller":
+		err = controllerCmd(ctx, args[1:], stderr)
 	case "dump-rules":
 		err = dumpCmd(ctx, args[1:], stdout, stderr)
 	case "cleanup":
@@ -60,6 +64,7 @@ func usage(w io.Writer) {
 
 commands:
   run          program the kernel from Services, EndpointSlices and this Node
+  controller   the cloud hook's cluster-wide part: LoadBalancer IPs, Service status, webhook
   dump-rules   print the kernel's onehop state per Service port (-o table|json|nft)
   cleanup      remove everything onehop installed, and nothing else
   version      print the version

@@ -1,0 +1,38 @@
+package external
+
+import (
+	"context"
+	"sync"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+)
+
+// watchLiveness feeds the liveness tracker every Lease of the lease
+// namespace and renews this node's own until ctx ends (a goroutine of wg).
+// The returned stop shuts the Lease informer down.
+func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
+	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace))
+	li := h.leaseInf.Coordination().V1().Leases().Informer()
+	h.liveness.mu.Lock()
+	h.liveness.synced = li.HasSynced
+	h.liveness.mu.Unlock()
+	if _, err := li.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },
+		UpdateFunc: func(_, o any) { h.liveness.observe(o.(*coordinationv1.Lease)) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if l, ok := o.(*coordinationv1.Lease); ok {
+				h.liveness.forget(l.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	h.leaseInf.Start(ctx.Done())
+	wg.Go(func() { h.liveness.run(ctx) })
+	return h.leaseInf.Shutdown, nil
+}

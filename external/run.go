@@ -1,0 +1,141 @@
+package external
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Run runs until ctx ends; then it withdraws every announcement (providers'
+// Close) before returning. What it runs depends on the hook's role: the
+// per-node part (providers, the liveness Lease), the campaign for the
+// cluster-wide part, or both.
+func (h *Hook) Run(ctx context.Context) error {
+	if h.idle() {
+		h.log.Info("external: nothing to do in this role", "role", h.role)
+		<-ctx.Done()
+		return nil
+	}
+	if h.broadcast != nil {
+		h.broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: h.client.CoreV1().Events("")})
+		defer h.broadcast.Shutdown()
+	}
+	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods} {
+		if inf != nil {
+			if _, err := inf.AddEventHandler(h.handler()); err != nil {
+				return err
+			}
+		}
+	}
+	if h.role.controller() {
+		if _, err := h.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { h.allocEnqueue(o) },
+			UpdateFunc: func(_, o any) { h.allocEnqueue(o) },
+			DeleteFunc: func(o any) { h.allocEnqueue(o) },
+		}); err != nil {
+			return err
+		}
+	}
+	h.factory.Start(ctx.Done())
+	defer h.factory.Shutdown()
+	for t, ok := range h.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("external: cache of %v did not sync", t)
+		}
+	}
+	if err := h.startProviders(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	if h.role.controller() && h.needsLeader() {
+		wg.Go(func() { h.lead(ctx) })
+	}
+	if h.liveness != nil {
+		stop, err := h.watchLiveness(ctx, &wg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if h.notifier != nil {
+		h.notifier.Start(ctx)
+	}
+	tick := time.NewTicker(250 * time.Millisecond) // liveness expiry is time-driven
+	defer tick.Stop()
+	var last string
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+			continue
+		case <-h.wake:
+		case <-tick.C:
+		}
+		st := h.state()
+		if fp := fingerprint(st); fp == last {
+			continue
+		} else {
+			last = fp
+		}
+		for _, p := range h.providers {
+			if err := p.Update(ctx, st); err != nil {
+				h.log.Warn("provider update failed", "provider", p.Name(), "err", err)
+			}
+		}
+	}
+	// Withdraw first: routers must stop sending here before the dataplane goes.
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, p := range h.providers {
+		if err := p.Close(cctx); err != nil {
+			h.log.Warn("provider close failed", "provider", p.Name(), "err", err)
+		}
+	}
+	wg.Wait()
+	if h.notifier != nil {
+		h.notifier.Wait()
+	}
+	return nil
+}
+
+// needsLeader: something of the cluster-wide part is configured.
+func (h *Hook) needsLeader() bool {
+	return len(h.cfg.pools) > 0 || h.cfg.Webhook != nil || h.cfg.PodExternalIPs
+}
+
+// idle: nothing is configured for this role, so Run watches nothing. In a
+// split install the node agents and the controller read one configuration,
+// and each may find nothing in it for itself.
+func (h *Hook) idle() bool {
+	if len(h.extra) > 0 {
+		return false
+	}
+	switch h.role {
+	case roleNode:
+		return h.cfg.BGP == nil && h.cfg.L2 == nil && !h.cfg.PodExternalIPs
+	case roleController:
+		return !h.needsLeader()
+	}
+	return false
+}
+
+// fingerprint: providers are called again only when something they can see
+// changed (including liveness and what this node serves).
+func fingerprint(s *State) string {
+	b := fmt.Appendf(nil, "%v|", s.Leader)
+	for _, t := range s.Targets {
+		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, t.Nodes, t.HealthCheckNodePort, t.Ports)
+	}
+	for _, ip := range s.IPs() {
+		b = fmt.Appendf(b, "%s:%v:", ip, s.Serves(ip))
+		for _, n := range s.Eligible(ip) {
+			b = fmt.Appendf(b, "%s=%v,", n, s.Alive(n))
+		}
+	}
+	b = fmt.Appendf(b, "%v", s.NodeAddresses)
+	return string(b)
+}
