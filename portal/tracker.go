@@ -11,8 +11,9 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 )
 
-// Reporter receives the Problems found while building a Service, once per
-// change of that Service or its slices (not on every sync).
+// Reporter receives the Problems found while building a Service: each
+// problem once while it lasts, however often the Service or its slices
+// change (a problem that goes away and comes back is new again).
 type Reporter interface {
 	Report(svc *v1.Service, problems []Problem)
 }
@@ -39,7 +40,13 @@ type Tracker struct {
 	changed time.Time
 	// triggers are the last-change-trigger-time annotations of pending slice changes.
 	triggers []time.Time
+	// reported are the problems each Service has now and the Reporter was
+	// told of, by reason and message.
+	reported map[ServiceKey]map[problemKey]bool
 }
+
+// problemKey identifies a problem for reporting it once.
+type problemKey struct{ reason, message string }
 
 // NewTracker returns an empty Tracker. notify is called (without the lock
 // held) after every change; reporter may be nil.
@@ -54,7 +61,30 @@ func NewTracker(cfg Config, reporter Reporter, notify func()) *Tracker {
 		built:    map[ServiceKey]*Service{},
 		claims:   newClaims(),
 		dirty:    map[ServiceKey]struct{}{},
+		reported: map[ServiceKey]map[problemKey]bool{},
 	}
+}
+
+// newProblems returns the problems of k's latest build that were not
+// reported already, and remembers the build's problems. Called with t.mu
+// held.
+func (t *Tracker) newProblems(k ServiceKey, problems []Problem) []Problem {
+	old := t.reported[k]
+	if len(problems) == 0 {
+		delete(t.reported, k)
+		return nil
+	}
+	now := make(map[problemKey]bool, len(problems))
+	var fresh []Problem
+	for _, p := range problems {
+		pk := problemKey{p.Reason, p.Message}
+		now[pk] = true
+		if !old[pk] {
+			fresh = append(fresh, p)
+		}
+	}
+	t.reported[k] = now
+	return fresh
 }
 
 func (t *Tracker) markLocked(k ServiceKey) {
@@ -247,9 +277,11 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 			var again []ServiceKey
 			built, problems, again = t.build(k, svc)
 			work = append(work, again...)
-			if len(problems) > 0 {
-				reports = append(reports, report{svc, dedupe(problems)})
+			if fresh := t.newProblems(k, dedupe(problems)); len(fresh) > 0 {
+				reports = append(reports, report{svc, fresh})
 			}
+		} else {
+			delete(t.reported, k)
 		}
 		old := t.built[k]
 		if built == nil {
