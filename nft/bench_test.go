@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/onehop/onehop/dataplane"
@@ -93,16 +95,94 @@ func BenchmarkEndpointChange10k(b *testing.B) {
 	if _, err := be.Sync(ctx, snap, true); err != nil {
 		b.Fatal(err)
 	}
-	key := bigService(42, 10, 0)
 	b.ResetTimer()
+	benchChanges(b, be, snap, func(i int) *portal.Service { return makeBigService(42, 10, 1+i%2) })
+}
+
+// benchChanges syncs b.N changes of one Service, the i-th made by mk(i),
+// and reports the messages of the last sync.
+func benchChanges(b *testing.B, be *Backend, snap *portal.Snapshot, mk func(i int) *portal.Service) {
 	var st dataplane.SyncStats
 	for i := 0; i < b.N; i++ {
-		snap.Services[key] = makeBigService(42, 10, 1+i%2)
-		snap.Dirty = []portal.ServiceKey{key}
+		s := mk(i)
+		snap.Services[s.Key] = s
+		snap.Dirty = []portal.ServiceKey{s.Key}
 		var err error
-		if st, err = be.Sync(ctx, snap, false); err != nil {
+		if st, err = be.Sync(context.Background(), snap, false); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ReportMetric(float64(st.Messages), "msgs/sync")
+}
+
+// rangesService is a LoadBalancer Service with ports TCP ports, one
+// load-balancer IP and n source ranges; shift moves its endpoints.
+func rangesService(ports, n, shift int) *portal.Service {
+	key := portal.ServiceKey{Namespace: "bench", Name: "ranges"}
+	ranges := make([]netip.Prefix, n)
+	for i := range ranges {
+		// /25s that neither overlap nor touch: n intervals.
+		ranges[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{100, byte(i >> 8), byte(i), 0}), 25)
+	}
+	s := &portal.Service{Key: key}
+	for p := 0; p < ports; p++ {
+		s.Portals = append(s.Portals, &portal.Portal{
+			Key:             portal.PortKey{Service: key, Port: fmt.Sprintf("p%d", p), Protocol: portal.TCP, Family: portal.IPv4},
+			Port:            uint16(1000 + p),
+			ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.97.0.1")},
+			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.99")},
+			SourceRanges:    ranges,
+			ClusterEndpoints: []netip.AddrPort{
+				netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 200, 0, byte(1 + shift)}), 8080),
+				netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 200, 0, byte(2 + shift)}), 8080),
+			},
+		})
+	}
+	slices.SortFunc(s.Portals, func(a, b *portal.Portal) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	return s
+}
+
+// BenchmarkSourceRanges is the cost of the syncs of one Service with 100
+// ports behind 1, 100 and 10,000 source ranges, beside 1,000 other
+// Services: created and deleted (add), its endpoints changed (endpoints),
+// and another Service's endpoints changed (other). The ranges are one set:
+// only the set's elements grow with them, never the rules.
+func BenchmarkSourceRanges(b *testing.B) {
+	for _, n := range []int{1, 100, 10000} {
+		b.Run(fmt.Sprintf("ranges=%d", n), func(b *testing.B) {
+			be := benchBackend(b)
+			snap := bigSnapshot(1000, 2)
+			ctx := context.Background()
+			if _, err := be.Sync(ctx, snap, true); err != nil {
+				b.Fatal(err)
+			}
+			key := portal.ServiceKey{Namespace: "bench", Name: "ranges"}
+			sync := func(b *testing.B) dataplane.SyncStats {
+				snap.Dirty = []portal.ServiceKey{key}
+				st, err := be.Sync(ctx, snap, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return st
+			}
+			b.Run("add", func(b *testing.B) {
+				var msgs int
+				for i := 0; i < b.N; i++ {
+					snap.Services[key] = rangesService(100, n, 0)
+					msgs = sync(b).Messages
+					delete(snap.Services, key)
+					sync(b)
+				}
+				b.ReportMetric(float64(msgs), "msgs/add")
+			})
+			snap.Services[key] = rangesService(100, n, 0)
+			sync(b)
+			b.Run("endpoints", func(b *testing.B) {
+				benchChanges(b, be, snap, func(i int) *portal.Service { return rangesService(100, n, 1+i%2) })
+			})
+			b.Run("other", func(b *testing.B) {
+				benchChanges(b, be, snap, func(i int) *portal.Service { return makeBigService(42, 2, 1+i%2) })
+			})
+		})
+	}
 }

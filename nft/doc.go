@@ -73,8 +73,13 @@
 //	    fib saddr type local meta mark set meta mark | <masq> goto svc<f>/...   (the node too; all<f>/... when there is one)
 //	    counter dnat ...                                       (this node's endpoints, source kept; drop when none)
 //	chain fw<f>/...    loadBalancerSourceRanges, in front of ext<f>/... or svc<f>/...
-//	    ip saddr <source range> goto ext<f>/...
+//	    ip saddr @sr<f>/<namespace>/<name> goto ext<f>/...
 //	    counter drop
+//
+// A Service's source ranges are one interval set per family, which every
+// fw chain of the Service looks the client up in: its rules do not grow
+// with the number of ranges, and new ranges refill the set without
+// touching a rule.
 //
 // Refusals: the filter chains reject new connections to a Service port
 // without endpoints before they reach a socket of the node.

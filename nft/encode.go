@@ -3,7 +3,9 @@ package nft
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 
 	"github.com/onehop/onehop/portal"
@@ -94,3 +96,64 @@ func epKeyID(id uint32) []byte { return binary.BigEndian.AppendUint32(nil, id) }
 
 // epKey encodes chain id . index (the index as numgen leaves it: host order).
 func epKey(id uint32, i int) []byte { return append(epKeyID(id), numgenKey(uint32(i))...) }
+
+// rangeElements encodes source ranges as the elements of an interval set:
+// the ranges are merged where they overlap or touch (the kernel refuses
+// overlapping intervals), and each interval is its first address and, as
+// an interval end, the address after its last; an interval that reaches
+// the family's last address has no end. The result is sorted by key.
+func rangeElements(ranges []netip.Prefix) []nftables.SetElement {
+	type span struct{ first, last netip.Addr }
+	spans := make([]span, 0, len(ranges))
+	for _, p := range ranges {
+		p = unmapPrefix(p)
+		spans = append(spans, span{p.Addr(), lastAddr(p)})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.first.Compare(b.first) })
+	var merged []span
+	for _, s := range spans {
+		if n := len(merged); n > 0 {
+			cur := &merged[n-1]
+			next := cur.last.Next()
+			if !next.IsValid() || s.first.Compare(next) <= 0 {
+				cur.last = maxAddr(cur.last, s.last)
+				continue
+			}
+		}
+		merged = append(merged, s)
+	}
+	out := make([]nftables.SetElement, 0, 2*len(merged))
+	for _, s := range merged {
+		out = append(out, nftables.SetElement{Key: addrBytes(s.first)})
+		if end := s.last.Next(); end.IsValid() {
+			out = append(out, nftables.SetElement{Key: addrBytes(end), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// unmapPrefix turns an IPv4-mapped IPv6 prefix into its IPv4 prefix, and
+// masks it.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if a := p.Addr(); a.Is4In6() {
+		return netip.PrefixFrom(a.Unmap(), max(0, p.Bits()-96)).Masked()
+	}
+	return p.Masked()
+}
+
+// lastAddr is the last address of a masked prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func maxAddr(a, b netip.Addr) netip.Addr {
+	if a.Compare(b) >= 0 {
+		return a
+	}
+	return b
+}

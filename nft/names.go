@@ -53,6 +53,24 @@ func setEndpoints(f portal.Family, id uint32) string {
 	return fmt.Sprintf("endpoints%s-%02d", fam(f), id%endpointShards)
 }
 
+// rangeSetPrefix starts the names of the Services' sets of source ranges
+// (loadBalancerSourceRanges): sr<family>/<namespace>/<name>, one interval
+// set per Service and family that every fw chain of the Service looks the
+// client up in, so that a Service's rules do not grow with its number of
+// ranges. Namespaces and names are DNS labels of at most 63 bytes: the
+// name stays far below the kernel's 255.
+const rangeSetPrefix = "sr"
+
+func rangeSet(f portal.Family, k portal.ServiceKey) string {
+	return rangeSetPrefix + fam(f) + "/" + k.Namespace + "/" + k.Name
+}
+
+// isRangeSet reports whether a set of the table is a Service's set of
+// source ranges.
+func isRangeSet(name string) bool {
+	return strings.HasPrefix(name, rangeSetPrefix) && strings.Count(name, "/") == 2
+}
+
 // Per-portal chains are named kind<family>/<namespace>/<name>/<proto>/<port>,
 // readable in `nft list` and parsed back by dump-rules. Port names are DNS
 // labels, so "_" (an unnamed port) cannot clash with a real name.

@@ -36,7 +36,10 @@ func policiesSnapshot() *portal.Snapshot {
 		{Key: pk("sticky", "", portal.TCP, portal.IPv4), Port: 443,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.20")}, NodePort: 30443,
 			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.20")},
-			SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/25")}, ExternalLocal: true,
+			// Ranges that overlap, touch, reach the last address and hold one address.
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("198.51.100.0/25"),
+				netip.MustParsePrefix("198.51.100.64/26"), netip.MustParsePrefix("198.51.100.128/26"), netip.MustParsePrefix("255.255.255.0/24")},
+			ExternalLocal:    true,
 			ClusterEndpoints: eps(8080, 0, 1, 2), LocalEndpoints: eps(8080, 0, 1), Affinity: portal.Affinity{TimeoutSeconds: 600}},
 		{Key: pk("sticky", "", portal.UDP, portal.IPv6), Port: 53,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::20")}, InternalLocal: true,

@@ -12,13 +12,14 @@ import (
 
 // chainBody is the content of one per-portal chain, in a form that can be
 // compared with what was applied before. Its rules, in order:
-// sourceRanges (goto gotoChain when the source is in one, else drop);
+// sourceSet (goto gotoChain when the source is in that set of source
+// ranges, else drop);
 // shortCircuit (traffic from pods and the node goes there instead); DNAT
 // to one of endpoints, with ClientIP affinity when affinity > 0; drop when
 // dropIfEmpty and there are no endpoints.
 type chainBody struct {
 	family       portal.Family
-	sourceRanges []netip.Prefix
+	sourceSet    string
 	shortCircuit string
 	gotoChain    string
 	endpoints    []netip.AddrPort
@@ -32,7 +33,7 @@ func (b chainBody) equal(o chainBody) bool {
 
 // sameRules: everything but the endpoints' values is the same.
 func (b chainBody) sameRules(o chainBody) bool {
-	return b.family == o.family && slices.Equal(b.sourceRanges, o.sourceRanges) && b.shortCircuit == o.shortCircuit &&
+	return b.family == o.family && b.sourceSet == o.sourceSet && b.shortCircuit == o.shortCircuit &&
 		b.gotoChain == o.gotoChain && b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
 		len(b.endpoints) == len(o.endpoints)
 }
@@ -88,6 +89,12 @@ type objects struct {
 	// shared are plain-set elements several portals may need (a cluster IP
 	// with several ports, an endpoint in several Services): reference counted.
 	shared []elem
+	// rangeSet names the Service's set of source ranges its fw chain looks
+	// the client up in ("" when it has no fw chain), and ranges are what
+	// the set holds. Every portal of one Service and family names the same
+	// set with the same ranges.
+	rangeSet string
+	ranges   []netip.Prefix
 }
 
 // render computes the kernel objects for one portal. It is pure.
@@ -99,7 +106,8 @@ type objects struct {
 // sets. Under the Local policy it goes to the ext chain, which sends pods'
 // and the node's own traffic to all endpoints and everything else to this
 // node's endpoints, unmasqueraded, or drops it. loadBalancerSourceRanges
-// put an fw chain in front.
+// put an fw chain in front, which looks the client up in the Service's
+// one set of source ranges.
 func render(p *portal.Portal, cfg dataplane.Config) *objects {
 	o := &objects{chains: map[string]chainBody{}}
 	k := p.Key
@@ -144,7 +152,8 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 		fwTarget := target
 		if len(p.SourceRanges) > 0 && hasEps {
 			fwTarget = portalChain(kindFirewall, k)
-			o.chains[fwTarget] = chainBody{family: f, sourceRanges: p.SourceRanges, gotoChain: target}
+			o.rangeSet, o.ranges = rangeSet(f, k.Service), p.SourceRanges
+			o.chains[fwTarget] = chainBody{family: f, sourceSet: o.rangeSet, gotoChain: target}
 		}
 		addExt := func(entry string, ip netip.Addr, to string) {
 			key := vipKey(ip, k.Protocol, p.Port)

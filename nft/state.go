@@ -28,7 +28,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop3"
+const layoutVersion = "onehop4"
 
 // ruleTag is the user data of a chain's rules.
 func ruleTag(id uint32, content string) []byte {
@@ -70,8 +70,9 @@ type kernelState struct {
 	tags  map[string][]byte
 	rules map[string]int
 	sets  map[string]*setDecl
-	// elems holds the elements of the fixed sets (not of the affinity
-	// sets, whose clients are kept as they are).
+	// elems holds the elements of the fixed sets and of the Services' sets
+	// of source ranges (not of the affinity sets, whose clients are kept
+	// as they are).
 	elems map[string][]nftables.SetElement
 }
 
@@ -124,6 +125,19 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 			return nil, err
 		}
 		k.elems[want.Name] = els
+	}
+	for name, s := range k.sets {
+		if !isRangeSet(name) {
+			continue
+		}
+		if err := checkRangeSet(s); err != nil {
+			return nil, err
+		}
+		els, err := d.dump(name)
+		if err != nil {
+			return nil, err
+		}
+		k.elems[name] = els
 	}
 	return k, nil
 }
@@ -361,6 +375,8 @@ func decodeElements(b []byte) ([]nftables.SetElement, error) {
 					var e nftables.SetElement
 					for el.Next() {
 						switch el.Type() {
+						case unix.NFTA_SET_ELEM_FLAGS:
+							e.IntervalEnd = el.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
 						case unix.NFTA_SET_ELEM_KEY:
 							el.Nested(func(d *netlink.AttributeDecoder) error {
 								for d.Next() {

@@ -1,9 +1,11 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -88,18 +90,77 @@ func (k *kernelTable) setText(s *setDecl) string {
 	if s.timeout != 0 {
 		fmt.Fprintf(&b, "\t\ttimeout %s\n", nftDuration(s.timeout))
 	}
-	if els := k.elems[s.name]; len(els) > 0 {
-		b.WriteString("\t\telements = { ")
-		for i, el := range els {
-			if i > 0 {
-				b.WriteString(",\n\t\t\t     ")
-			}
-			b.WriteString(elemText(s, el))
+	var texts []string
+	if s.flags&unix.NFT_SET_INTERVAL != 0 && !s.isMap() {
+		texts = intervalTexts(s, k.elems[s.name])
+	} else {
+		for _, el := range k.elems[s.name] {
+			texts = append(texts, elemText(s, el))
 		}
+	}
+	if len(texts) > 0 {
+		b.WriteString("\t\telements = { ")
+		b.WriteString(strings.Join(texts, ",\n\t\t\t     "))
 		b.WriteString(" }\n")
 	}
 	b.WriteString("\t}\n")
 	return b.String()
+}
+
+// intervalTexts prints the elements of an interval set of addresses as nft
+// does: each interval from its first element to the interval end that
+// follows it, as a prefix when it is one (an address alone when it holds
+// one), else as first-last; an interval without an end reaches the last
+// address. Ends with no interval before them are not printed.
+func intervalTexts(s *setDecl, els []nftables.SetElement) []string {
+	els = slices.Clone(els)
+	slices.SortStableFunc(els, func(a, b nftables.SetElement) int {
+		if c := bytes.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		switch {
+		case a.IntervalEnd == b.IntervalEnd:
+			return 0
+		case a.IntervalEnd:
+			return -1 // the end of one interval before the start of the next
+		}
+		return 1
+	})
+	var out []string
+	for i := 0; i < len(els); i++ {
+		if els[i].IntervalEnd {
+			continue
+		}
+		first, ok := netip.AddrFromSlice(els[i].Key)
+		if !ok {
+			out = append(out, valueText(s.keyType, s.keyLen, els[i].Key))
+			continue
+		}
+		var last netip.Addr
+		if i+1 < len(els) && els[i+1].IntervalEnd {
+			end, _ := netip.AddrFromSlice(els[i+1].Key)
+			last = end.Prev()
+			i++
+		} else {
+			last = lastAddr(netip.PrefixFrom(first, 0))
+		}
+		out = append(out, rangeText(first, last))
+	}
+	return out
+}
+
+// rangeText prints the addresses first to last.
+func rangeText(first, last netip.Addr) string {
+	if first == last {
+		return first.String()
+	}
+	for bits := 0; bits <= first.BitLen(); bits++ {
+		p := netip.PrefixFrom(first, bits)
+		if p.Masked().Addr() == first && lastAddr(p) == last {
+			return p.String()
+		}
+	}
+	return first.String() + "-" + last.String()
 }
 
 // elemText prints one element: key, timeouts, comment, and for maps the data.

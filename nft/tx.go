@@ -56,11 +56,14 @@ type tx struct {
 	fullElems   int      // elements a full sync leaves in the table
 	delLeftover []string // chains in the kernel that nothing wants
 	delSets     []string // affinity sets in the kernel that nothing wants
-	err         error
-	rewrite     map[string]bool // existing chains whose rules are replaced
-	delChains   []string
-	addElems    map[string][]nftables.SetElement
-	delElems    map[string][]nftables.SetElement
+	// rangeSets are the Services' sets of source ranges this sync creates,
+	// refills or deletes, by name.
+	rangeSets map[string]rangeSetChange
+	err       error
+	rewrite   map[string]bool // existing chains whose rules are replaced
+	delChains []string
+	addElems  map[string][]nftables.SetElement
+	delElems  map[string][]nftables.SetElement
 
 	stats     dataplane.SyncStats
 	conflicts int
@@ -102,6 +105,7 @@ func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
 		rewrite:   map[string]bool{},
 		addElems:  map[string][]nftables.SetElement{},
 		delElems:  map[string][]nftables.SetElement{},
+		rangeSets: map[string]rangeSetChange{},
 	}
 }
 
@@ -169,6 +173,7 @@ func (t *tx) serviceRendered(k portal.ServiceKey, svc *portal.Service, rendered 
 	for _, pk := range keys {
 		t.portal(pk, oldObjs[pk], newObjs[pk])
 	}
+	t.diffRangeSets(oldObjs, newObjs)
 	if svc == nil {
 		t.services[k] = nil
 	} else {
@@ -448,10 +453,9 @@ func (t *tx) chainRules(name string, body chainBody) {
 	defer func() { t.emitRules(name, rules, t.b.bodyTag(id, body)) }()
 	f := body.family
 	markBits := t.b.cfg.MasqueradeMark()
-	if len(body.sourceRanges) > 0 {
-		for _, p := range body.sourceRanges {
-			add(cat(matchPrefix(f, false, p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictGoto, body.gotoChain)}))
-		}
+	if body.sourceSet != "" {
+		// ip saddr @sr<f>/<namespace>/<name> goto <target>
+		add([]expr.Any{loadAddr(f, false, reg1), lookup(body.sourceSet, false), verdict(expr.VerdictGoto, body.gotoChain)})
 		add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
 		return
 	}
@@ -654,27 +658,35 @@ func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
 	}
 	sort.Strings(names)
 	for _, s := range names {
-		els := m[s]
-		for len(els) > 0 {
-			n, size := 0, 0
-			for n < len(els) && size+elemSize(els[n]) <= elemChunkBytes {
-				size += elemSize(els[n])
-				n++
-			}
-			n = max(n, 1)
-			chunk := els[:n]
-			els = els[n:]
-			var err error
-			if add {
-				err = t.conn.SetAddElements(t.b.sets[s], chunk)
-			} else {
-				err = t.conn.SetDeleteElements(t.b.sets[s], chunk)
-			}
-			if err != nil {
-				return fmt.Errorf("set %s: %w", s, err)
-			}
-			t.stats.Messages++
+		if err := t.sendElems(t.b.sets[s], m[s], add); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// sendElems adds or deletes elements of one set, in messages of at most
+// elemChunkBytes.
+func (t *tx) sendElems(set *nftables.Set, els []nftables.SetElement, add bool) error {
+	for len(els) > 0 {
+		n, size := 0, 0
+		for n < len(els) && size+elemSize(els[n]) <= elemChunkBytes {
+			size += elemSize(els[n])
+			n++
+		}
+		n = max(n, 1)
+		chunk := els[:n]
+		els = els[n:]
+		var err error
+		if add {
+			err = t.conn.SetAddElements(set, chunk)
+		} else {
+			err = t.conn.SetDeleteElements(set, chunk)
+		}
+		if err != nil {
+			return fmt.Errorf("set %s: %w", set.Name, err)
+		}
+		t.stats.Messages++
 	}
 	return nil
 }
@@ -702,6 +714,9 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		}
 	}
 
+	if err := t.writeRangeSets(); err != nil {
+		return t.stats, err
+	}
 	sort.Strings(t.newChains)
 	for _, name := range t.newChains {
 		if t.kernel != nil && t.kernel.chains[name] {
@@ -749,6 +764,7 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: name})
 		t.stats.Messages++
 	}
+	t.deleteRangeSets()
 	for _, o := range t.delAff {
 		t.conn.DelChain(&nftables.Chain{Name: o[1], Table: t.b.table})
 		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: o[0]})
@@ -819,7 +835,7 @@ func (t *tx) reconcileKernel() {
 	}
 	sort.Strings(t.delLeftover)
 	for name := range k.sets {
-		if _, ok := t.newAff[name]; !ok && t.b.sets[name] == nil {
+		if _, ok := t.newAff[name]; !ok && t.b.sets[name] == nil && !t.wantsRangeSet(name) {
 			t.delSets = append(t.delSets, name)
 		}
 	}

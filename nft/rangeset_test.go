@@ -1,0 +1,195 @@
+package nft
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// manyRanges returns n /25s, none touching another, far from the test clients, and the /32s of
+// allowed, plus the neighbours of refused so that a refused client sits
+// between two allowed ranges.
+func manyRanges(n int, allowed, refused string) []netip.Prefix {
+	var out []netip.Prefix
+	for i := 0; i < n; i++ {
+		out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 25))
+	}
+	r := netip.MustParseAddr(refused)
+	out = append(out, netip.PrefixFrom(netip.MustParseAddr(allowed), 32), netip.PrefixFrom(r.Prev(), 32), netip.PrefixFrom(r.Next(), 32))
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// rangeSets returns the Services' sets of source ranges in the table.
+func rangeSetsIn(t *testing.T, tp *topo) []string {
+	t.Helper()
+	var out []string
+	for _, s := range readTable(t, tp).sets {
+		if isRangeSet(s.name) {
+			out = append(out, s.name)
+		}
+	}
+	return out
+}
+
+// TestManySourceRanges: a thousand source ranges are one set that the fw
+// chain of each port looks up with one rule; real packets from an allowed
+// client pass and from a refused one (between two allowed ranges) are
+// dropped, on TCP and UDP. New ranges refill the set without touching a
+// rule, a full sync and a restart over the unchanged table send nothing,
+// and the set leaves with the ranges.
+func TestManySourceRanges(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 2)
+	mk := func(ranges []netip.Prefix) *portal.Service {
+		return service("web", func(p *portal.Portal) {
+			p.ClusterIPs = []netip.Addr{clusterIP}
+			p.LoadBalancerIPs = []netip.Addr{lbIP}
+			p.SourceRanges = ranges
+			p.ClusterEndpoints = eps(8080, 0, 1)
+		})
+	}
+	lb := netip.AddrPortFrom(lbIP, 80).String()
+	first := manyRanges(1000, clientIP, client2IP)
+	st := tp.sync(t, snapshot(mk(first)), true)
+	t.Logf("first sync with %d ranges: %d messages", len(first), st.Messages)
+	for _, network := range []string{"tcp", "udp"} {
+		ask(t, tp.client, network, lb, 2)
+		mustDrop(t, tp.client2, network, lb)
+	}
+	if got := rangeSetsIn(t, tp); !slices.Equal(got, []string{"sr4/default/web"}) {
+		t.Errorf("sets of source ranges: %v, want one for the Service", got)
+	}
+	k := readTable(t, tp)
+	for _, proto := range []string{"tcp", "udp"} {
+		chain := "fw4/default/web/" + proto + "/p"
+		if n := len(k.rules[chain]); n != 2 {
+			t.Errorf("chain %s has %d rules, want 2 (one lookup, one drop)", chain, n)
+		}
+	}
+	drops := dropCount(t, tp, "fw4/default/web/tcp/p")
+	if drops == 0 {
+		t.Errorf("the refused client's packets are not counted by the fw chain's drop")
+	}
+
+	// The ranges change: the set is refilled, no rule is rewritten (the
+	// drop counter keeps counting).
+	second := manyRanges(1000, client2IP, clientIP)
+	st = tp.sync(t, snapshot(mk(second)), false)
+	t.Logf("new ranges: %d messages", st.Messages)
+	if st.Messages > 10 {
+		t.Errorf("new ranges took %d messages: more than a refill of one set", st.Messages)
+	}
+	for _, network := range []string{"tcp", "udp"} {
+		ask(t, tp.client2, network, lb, 2)
+		mustDrop(t, tp.client, network, lb)
+	}
+	if n := dropCount(t, tp, "fw4/default/web/tcp/p"); n <= drops {
+		t.Errorf("drop counter went from %d to %d: the fw chain was rewritten", drops, n)
+	}
+
+	// A full sync, and a new process, over the unchanged table send nothing.
+	if st := tp.sync(t, snapshot(mk(second)), true); st.Messages != 0 {
+		t.Errorf("a full sync over an unchanged table with source ranges sent %d messages, want 0", st.Messages)
+	}
+	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
+	if st := tp.sync(t, snapshot(mk(second)), true); st.Messages != 0 {
+		t.Errorf("a restart over an unchanged table with source ranges sent %d messages, want 0", st.Messages)
+	}
+	// A restart that finds other ranges refills the set in place.
+	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
+	tp.sync(t, snapshot(mk(first)), true)
+	ask(t, tp.client, "tcp", lb, 1)
+	mustDrop(t, tp.client2, "tcp", lb)
+	if err := tp.b.Check(context.Background()); err != nil {
+		t.Errorf("drift check: %v", err)
+	}
+
+	// Without ranges the set leaves, and everyone is let in.
+	tp.sync(t, snapshot(mk(nil)), false)
+	ask(t, tp.client2, "tcp", lb, 1)
+	ask(t, tp.client, "tcp", lb, 1)
+	if got := rangeSetsIn(t, tp); len(got) != 0 {
+		t.Errorf("sets of source ranges left behind: %v", got)
+	}
+	if err := tp.b.Check(context.Background()); err != nil {
+		t.Errorf("drift check: %v", err)
+	}
+	// Back again, then the Service leaves: nothing of it stays.
+	tp.sync(t, snapshot(mk(first)), false)
+	mustDrop(t, tp.client2, "tcp", lb)
+	tp.sync(t, snapshot(), false)
+	s := snapshot()
+	s.Dirty = []portal.ServiceKey{{Namespace: "default", Name: "web"}}
+	tp.sync(t, s, false)
+	if got := rangeSetsIn(t, tp); len(got) != 0 {
+		t.Errorf("the set of a deleted Service is left behind: %v", got)
+	}
+	// A restart that finds the set of a Service deleted meanwhile removes it.
+	tp.sync(t, snapshot(mk(first)), false)
+	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
+	tp.sync(t, snapshot(), true)
+	if got := rangeSetsIn(t, tp); len(got) != 0 {
+		t.Errorf("a full sync left the set of a deleted Service: %v", got)
+	}
+}
+
+// dropCount is the packet counter of the drop rule of an fw chain.
+func dropCount(t *testing.T, tp *topo, chain string) uint64 {
+	t.Helper()
+	rules := readTable(t, tp).rules[chain]
+	if len(rules) == 0 {
+		t.Fatalf("chain %s has no rules", chain)
+	}
+	p, _ := ruleCounter(rules[len(rules)-1])
+	return p
+}
+
+// Interval elements: ranges merged where they overlap or touch, an end
+// after each interval but the one reaching the last address, and printed
+// back as nft prints them.
+func TestRangeElements(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want string
+	}{
+		{[]string{"10.0.0.0/8"}, "10.0.0.0/8"},
+		{[]string{"10.0.0.0/25", "10.0.0.128/25"}, "10.0.0.0/24"},
+		{[]string{"10.0.0.0/25", "10.0.0.64/26", "10.0.0.128/26"}, "10.0.0.0-10.0.0.191"},
+		{[]string{"10.1.0.0/16", "10.0.0.0/8"}, "10.0.0.0/8"},
+		{[]string{"192.0.2.7/32", "255.255.255.0/24"}, "192.0.2.7 255.255.255.0/24"},
+		{[]string{"0.0.0.0/0", "10.0.0.0/8"}, "0.0.0.0/0"},
+		{[]string{"::ffff:10.0.0.0/104"}, "10.0.0.0/8"},
+		{[]string{"fd00::/64", "ffff::/16", "fd00:0:0:1::/64"}, "fd00::/63 ffff::/16"},
+		{[]string{"::/0"}, "::/0"},
+	} {
+		var in []netip.Prefix
+		for _, s := range c.in {
+			in = append(in, netip.MustParsePrefix(s))
+		}
+		els := rangeElements(in)
+		f := portal.FamilyOf(in[0].Addr())
+		s := &setDecl{name: "sr" + fam(f) + "/a/b", flags: 1 /* NFT_SET_INTERVAL */, keyType: dtIPv4, keyLen: uint32(addrLen(f))}
+		if f == portal.IPv6 {
+			s.keyType = dtIPv6
+		}
+		if got := strings.Join(intervalTexts(s, els), " "); got != c.want {
+			t.Errorf("%v: got %q, want %q (elements %v)", c.in, got, c.want, els)
+		}
+		for i, e := range els {
+			if e.IntervalEnd == (i%2 == 0) {
+				t.Errorf("%v: element %d (%x) is not alternately a start and an end", c.in, i, e.Key)
+			}
+		}
+		// Reversed, as the kernel returns them: the same text.
+		rev := slices.Clone(els)
+		slices.Reverse(rev)
+		if got := strings.Join(intervalTexts(s, rev), " "); got != c.want {
+			t.Errorf("%v reversed: got %q", c.in, got)
+		}
+	}
+}
