@@ -17,14 +17,47 @@ import (
 const leasePrefix = "onehop-l2-"
 
 // liveness tracks which agents are alive through one coordination Lease per
-// node, renewed by its agent. Others judge a Lease by when *they* saw it
-// change (as client-go's leader election does), so clocks need not agree. An
-// agent stopping cleanly deletes its Lease, and its IPs move at once.
+// node, renewed by its agent: Leases with an outage fallback.
 //
-// Why Leases and not a gossip protocol (memberlist): the agents already
-// talk to the apiserver, so there is no extra port, firewall rule or
-// encryption key to manage, and the state is visible with kubectl. The cost
-// is one small write per node per renew interval.
+// While the apiserver is reachable, a node is alive while its Lease changed
+// within the lease duration, judged by when *this* agent saw it change (as
+// client-go's leader election does), so clocks need not agree. An agent
+// stopping cleanly deletes its Lease, and its IPs move at once; a crashed
+// one moves after the lease duration.
+//
+// Contact. This agent is in contact with the apiserver while its own
+// renewals come back to it through the Lease watch: the round trip proves
+// both that its writes land and that the watch makes progress (a stuck
+// watch would otherwise make every other node look dead). Contact counts as
+// lost once no own renewal has come back for half a lease duration: late
+// enough that a renewal running a little late does not trigger it, early
+// enough that no node renewing on the same cadence can expire in between.
+//
+// Outage. Out of contact, the view freezes: every node is judged at the
+// moment contact was lost, so the nodes alive then stay alive, this node
+// included, for an outage of any length. The L2 owner of each IP keeps
+// answering and BGP (which does not ask liveness) keeps announcing what the
+// dataplane serves; nothing depends on the apiserver to keep serving.
+//
+// Resumption. When own renewals come back again, the nodes alive in the
+// frozen view do not flap: after an outage of a lease duration or more each
+// gets a fresh lease duration from the moment contact resumed (the others'
+// first renewals after an outage may come back later than ours); after a
+// shorter freeze the frozen time simply does not count. A node that really
+// died during the outage is thus detected one lease duration after contact
+// resumes. A node already dead in the frozen view stays dead.
+//
+// Partition (only this node is cut off; the others still see the
+// apiserver): the others see this node's Lease expire and take its IPs over
+// after one lease duration, announcing them gratuitously, so the segment's
+// neighbour caches follow them. This node keeps its frozen view and keeps
+// answering, as MetalLB's memberlist speakers do in a partition: both
+// answer requests, and clients follow the last gratuitous announcement
+// (the taker's). When this node's renewals come back, the others see its
+// Lease change and hand its IPs back without announcing, and this node
+// announces every IP it owns again (resumed), so clients move back to it.
+// A node that cannot write its own Lease while the watch works counts as
+// cut off in the same way.
 type liveness struct {
 	client    kubernetes.Interface
 	namespace string
@@ -33,15 +66,27 @@ type liveness struct {
 	duration  time.Duration
 	log       *slog.Logger
 	changed   func()
+	now       func() time.Time
+
+	// resumed, when set, is called after contact with the apiserver came
+	// back from a freeze (the L2 provider announces its IPs again).
+	resumed func()
 
 	// synced reports whether the Lease informer has listed every Lease;
 	// until then this node does not count itself alive, so that it never
 	// claims an IP another node owns just because it has not seen it yet.
 	synced func() bool
 
-	mu       sync.Mutex
-	seen     map[string]observed
+	mu   sync.Mutex
+	seen map[string]observed
+	// ownRenew is this incarnation's last successful renewal (zero: none
+	// yet, this node is not alive).
 	ownRenew time.Time
+	// contact is when an own renewal last came back through the watch
+	// (zero: never yet; the view is then judged at the current time).
+	contact time.Time
+	// frozenSaid: the loss of contact was logged.
+	frozenSaid bool
 }
 
 type observed struct {
@@ -57,7 +102,22 @@ func newLiveness(client kubernetes.Interface, namespace, node string, renew, dur
 		duration = 3 * renew
 	}
 	return &liveness{client: client, namespace: namespace, node: node, renew: renew, duration: duration,
-		log: log, changed: changed, seen: map[string]observed{}}
+		log: log, changed: changed, now: time.Now, seen: map[string]observed{}}
+}
+
+// window is how long contact may go without an own renewal coming back.
+func (l *liveness) window() time.Duration { return l.duration / 2 }
+
+// refLocked is the moment nodes are judged at: now while in contact, else
+// the moment contact was deemed lost (frozen true).
+func (l *liveness) refLocked(now time.Time) (ref time.Time, frozen bool) {
+	if l.contact.IsZero() {
+		return now, false
+	}
+	if lost := l.contact.Add(l.window()); now.After(lost) {
+		return lost, true
+	}
+	return now, false
 }
 
 // observe records a Lease add or update.
@@ -66,7 +126,7 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 	if !ok {
 		return
 	}
-	now := time.Now()
+	now := l.now()
 	l.mu.Lock()
 	old, had := l.seen[node]
 	at := now
@@ -76,11 +136,62 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 	if had && old.rv == lease.ResourceVersion {
 		at = old.at
 	}
+	var outage time.Duration
+	resumed := false
+	if node == l.node && at == now && !l.ownRenew.IsZero() {
+		outage, resumed = l.contactLocked(now)
+	}
 	l.seen[node] = observed{rv: lease.ResourceVersion, at: at}
 	l.mu.Unlock()
-	if !had {
+	if resumed {
+		l.log.Info("l2 liveness: apiserver contact resumed; nodes alive before get a fresh grace period", "without", outage.Round(time.Millisecond))
+		if l.resumed != nil {
+			l.resumed()
+		}
+	}
+	if !had || resumed {
 		l.changed()
 	}
+}
+
+// contactLocked records that an own renewal came back at now. After a
+// freeze it moves the nodes alive in the frozen view forward (see the type's
+// comment) and reports how long contact was lost.
+func (l *liveness) contactLocked(now time.Time) (time.Duration, bool) {
+	ref, frozen := l.refLocked(now)
+	prev := l.contact
+	l.contact = now
+	l.frozenSaid = false
+	if !frozen {
+		return 0, false
+	}
+	outage := now.Sub(prev)
+	for n, o := range l.seen {
+		if n == l.node || ref.Sub(o.at) >= l.duration {
+			continue // dead before contact was lost: stays dead
+		}
+		if outage >= l.duration {
+			o.at = later(o.at, now)
+		} else {
+			o.at = earlier(o.at.Add(now.Sub(ref)), now)
+		}
+		l.seen[n] = o
+	}
+	return outage, true
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func (l *liveness) forget(name string) {
@@ -94,17 +205,35 @@ func (l *liveness) forget(name string) {
 	l.changed()
 }
 
-// alive: a node whose Lease changed within duration; this node while its
-// own renewals succeed (so that a node cut off from the apiserver gives its
-// IPs up, as the others expect).
+// alive: another node whose Lease changed within the lease duration before
+// the reference moment (now, or when contact was lost); this node once it
+// has renewed its Lease and the Leases are listed, and from then on also
+// while cut off from the apiserver (see the type's comment).
 func (l *liveness) alive(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if node == l.node {
-		return (l.synced == nil || l.synced()) && time.Since(l.ownRenew) < l.duration
+		return (l.synced == nil || l.synced()) && !l.ownRenew.IsZero()
 	}
 	o, ok := l.seen[node]
-	return ok && time.Since(o.at) < l.duration
+	if !ok {
+		return false
+	}
+	ref, _ := l.refLocked(l.now())
+	return ref.Sub(o.at) < l.duration
+}
+
+// frozen reports whether contact with the apiserver is lost now, and says so
+// once in the log.
+func (l *liveness) frozen() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, f := l.refLocked(l.now())
+	if f && !l.frozenSaid {
+		l.frozenSaid = true
+		l.log.Warn("l2 liveness: apiserver out of reach; keeping the nodes alive when it was last reached", "since", l.contact)
+	}
+	return f
 }
 
 // run renews this node's Lease until ctx ends, then deletes it.
@@ -112,7 +241,12 @@ func (l *liveness) run(ctx context.Context) {
 	t := time.NewTicker(l.renew)
 	defer t.Stop()
 	for {
-		if err := l.renewOnce(ctx); err != nil && ctx.Err() == nil {
+		// A hung apiserver holds a request forever: bound each attempt,
+		// so that renewals resume as soon as it answers again.
+		rctx, cancel := context.WithTimeout(ctx, l.duration)
+		err := l.renewOnce(rctx)
+		cancel()
+		if frozen := l.frozen(); err != nil && ctx.Err() == nil && !frozen {
 			l.log.Warn("l2 liveness lease renewal failed", "err", err)
 		}
 		select {
@@ -147,12 +281,23 @@ func (l *liveness) renewOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	l.renewedOwn()
+	return nil
+}
+
+// renewedOwn records a successful renewal of this node's Lease.
+func (l *liveness) renewedOwn() {
 	l.mu.Lock()
-	wasDead := time.Since(l.ownRenew) >= l.duration
-	l.ownRenew = time.Now()
+	first := l.ownRenew.IsZero()
+	l.ownRenew = l.now()
+	if l.contact.IsZero() {
+		// First contact: the watch may have delivered this renewal
+		// before ownRenew was set, and an outage may begin before the
+		// next one comes back.
+		l.contact = l.ownRenew
+	}
 	l.mu.Unlock()
-	if wasDead {
+	if first {
 		l.changed()
 	}
-	return nil
 }
