@@ -14,7 +14,7 @@ FUZZTIME  ?= 20s
 FUZZMINIMIZETIME ?= 2s
 FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./cmd/agent:FuzzConfigFile ./external:FuzzConfig
 
-.PHONY: build test unit lint bench fuzz
+.PHONY: build test unit lint bench bench-e2e fuzz
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent
@@ -48,6 +48,17 @@ lint:
 # Services x 10 endpoints, one endpoint change at 10k.
 bench:
 	$(GO) test -tags $(GOTAGS) -run '^$$' -bench . -benchmem -benchtime 3x ./nft/ ./portal/
+
+# The real agent against a real kube-apiserver at 10k and 50k Services x 10
+# endpoints (root; test/scale): sync, restarts, endpoint changes, memory,
+# CPU and failed connections. Each run appends its table, with the
+# machine's load, to docs/bench/e2e.md.
+BENCH_E2E_SIZES ?= 10000 50000
+bench-e2e:
+	@set -e; for n in $(BENCH_E2E_SIZES); do \
+		ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" ONEHOP_SCALE_SERVICES=$$n ONEHOP_SCALE_REPORT=$(CURDIR)/docs/bench/e2e.md \
+			$(GO) test -tags $(GOTAGS) -count=1 -timeout 2h -run '^TestEndToEndScale$$' ./test/scale/; \
+	done; tail -n 40 docs/bench/e2e.md
 
 # Targets below are owned by test/ and hack/ (issue 3): the real control plane,
 # the namespace end-to-end suite and the demo. Build/test/lint targets are

@@ -1,0 +1,68 @@
+package scale
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// results are one run's figures.
+type results struct {
+	knobs
+	load                   [2]string // at start and end
+	create, converge       time.Duration
+	createCPU              float64
+	mem                    map[string]float64 // /proc status
+	metrics                map[string]float64 // the agent's, once synced
+	flips                  []time.Duration
+	warm, cold             time.Duration
+	fullSync, coldFullSync float64
+	requests, failed       int64
+	firstFailure           string
+}
+
+func (r *results) flipP50() time.Duration { return percentile(r.flips, 0.5) }
+func (r *results) flipMax() time.Duration { return percentile(r.flips, 1) }
+
+func mib(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
+
+func ms(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
+
+// table is the run's figures in Markdown.
+func (r *results) table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "### %d Services x %d endpoints (%s)\n\n", r.services, r.endpoints, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Machine: %d CPUs, load average %s at the start, %s at the end.\n\n", runtime.NumCPU(), r.load[0], r.load[1])
+	b.WriteString("| measure | value |\n|---|---:|\n")
+	row := func(k, v string) { fmt.Fprintf(&b, "| %s | %s |\n", k, v) }
+	row("writing the Services and EndpointSlices", ms(r.create))
+	row("last write until the Service created last answers", ms(r.converge))
+	row("agent CPU while the objects were written and synced", fmt.Sprintf("%.1f s", r.createCPU))
+	row("full sync after a warm restart (agent's own histogram)", fmt.Sprintf("%.0f ms", r.fullSync*1000))
+	row("full sync after a cold restart (empty table)", fmt.Sprintf("%.0f ms", r.coldFullSync*1000))
+	row("warm restart: SIGKILL until synced and healthy", ms(r.warm))
+	row("cold restart (rules removed): start until a Service answers", ms(r.cold))
+	row(fmt.Sprintf("endpoint change until traffic follows, p50 / max of %d", len(r.flips)), ms(r.flipP50())+" / "+ms(r.flipMax()))
+	row("resident memory once synced: VmRSS (peak VmHWM)", mib(r.mem["VmRSS"])+" ("+mib(r.mem["VmHWM"])+")")
+	row("of which anonymous / the binary's pages (RssAnon / RssFile)", mib(r.mem["RssAnon"])+" / "+mib(r.mem["RssFile"]))
+	row("Go heap in use / heap obtained from the OS / stacks", mib(r.metrics["go_memstats_heap_inuse_bytes"])+" / "+
+		mib(r.metrics["go_memstats_heap_sys_bytes"])+" / "+mib(r.metrics["go_memstats_stack_inuse_bytes"]))
+	row("rules in the table", fmt.Sprintf("%.0f", r.metrics["onehop_rules"]))
+	row("requests during flips and restarts (failed)", fmt.Sprintf("%d (%d)", r.requests, r.failed))
+	return b.String()
+}
+
+// appendTo adds the table to the file at path.
+func (r *results) appendTo(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString("\n" + r.table()); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

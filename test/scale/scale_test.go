@@ -1,0 +1,344 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/onehop/onehop/test/netns"
+	"github.com/onehop/onehop/test/nsutil"
+)
+
+// knobs are the run's size, from the environment.
+type knobs struct {
+	services, endpoints, flips int
+	report                     string
+}
+
+func knobsFromEnv(t *testing.T) knobs {
+	k := knobs{services: 300, endpoints: 10, flips: 10, report: os.Getenv("ONEHOP_SCALE_REPORT")}
+	for name, v := range map[string]*int{"ONEHOP_SCALE_SERVICES": &k.services, "ONEHOP_SCALE_ENDPOINTS": &k.endpoints, "ONEHOP_SCALE_FLIPS": &k.flips} {
+		if s := os.Getenv(name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				t.Fatalf("%s=%q: want a positive number", name, s)
+			}
+			*v = n
+		}
+	}
+	return k
+}
+
+// TestEndToEndScale: see the package comment.
+func TestEndToEndScale(t *testing.T) {
+	k := knobsFromEnv(t)
+	res := &results{knobs: k, load: [2]string{loadAvg()}}
+	c := netns.NewForTest(t, netns.Config{Nodes: 2, PodsPerNode: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel()
+	node := c.Nodes[0]
+	from := node.Pods[0]
+	podA, podB := c.Nodes[1].Pods[0], c.Nodes[1].Pods[1]
+
+	// A client of its own: the objects are written as fast as the
+	// apiserver takes them.
+	rc := c.CP.RESTConfig()
+	rc.QPS, rc.Burst = 5000, 10000
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Creation: N Services with E endpoints each, then the probe Service.
+	cpu0 := cpuSeconds(t, node.Agent().Pid())
+	began := time.Now()
+	createServices(ctx, t, client, k)
+	probe, err := c.CreateService(ctx, probeService())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetEndpoints(ctx, probe, netns.Ready(podA)); err != nil {
+		t.Fatal(err)
+	}
+	res.create = time.Since(began)
+	written := time.Now()
+	addr := net.JoinHostPort(probe.Spec.ClusterIP, "80")
+	if _, err := netns.WaitBackends(ctx, from.Netns, "tcp", addr, []*netns.Pod{podA}, written); err != nil {
+		t.Fatalf("the probe Service, created last: %v", err)
+	}
+	res.converge = time.Since(written)
+	res.createCPU = cpuSeconds(t, node.Agent().Pid()) - cpu0
+	t.Logf("created %d Services x %d endpoints in %v; the last one answered %v after the last write; agent CPU %.1f s",
+		k.services, k.endpoints, res.create.Round(time.Millisecond), res.converge.Round(time.Millisecond), res.createCPU)
+	res.mem = memory(t, node.Agent().Pid())
+	res.metrics = agentMetrics(ctx, t, node)
+
+	// A request loop from a pod for the rest of the run: every request is
+	// a new connection to the probe Service, and none may fail.
+	loop := startLoop(ctx, from.Netns, addr)
+	defer loop.stop()
+
+	// Endpoint flips: the Service moves between two pods that both keep
+	// running, so a request may reach either until the agent follows,
+	// and must never fail.
+	cur := podA
+	for i := range k.flips {
+		next := map[*netns.Pod]*netns.Pod{podA: podB, podB: podA}[cur]
+		since := time.Now()
+		if err := c.SetEndpoints(ctx, probe, netns.Ready(next)); err != nil {
+			t.Fatal(err)
+		}
+		d, err := netns.WaitBackends(ctx, from.Netns, "tcp", addr, []*netns.Pod{next}, since)
+		if err != nil {
+			t.Fatalf("flip %d: %v", i, err)
+		}
+		res.flips = append(res.flips, d)
+		cur = next
+	}
+	t.Logf("endpoint change until traffic follows: p50 %v, max %v", res.flipP50(), res.flipMax())
+
+	// Warm restart: the rules stay in the kernel while the agent is away.
+	killed := time.Now()
+	c.KillAgent(node)
+	<-node.Agent().Done()
+	if err := c.StartAgent(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	res.warm = time.Since(killed)
+	res.fullSync = fullSyncSeconds(ctx, t, node)
+	if err := flipOnce(ctx, c, probe, from, &cur, podA, podB); err != nil {
+		t.Fatalf("flip after a warm restart: %v", err)
+	}
+
+	// Cold restart: the node's rules are gone as after a reboot.
+	loop.pause()
+	killed = time.Now()
+	c.KillAgent(node)
+	<-node.Agent().Done()
+	if out, err := nsutil.Exec(ctx, node.Netns, c.AgentArgs(node)[0], "cleanup"); err != nil {
+		t.Fatalf("agent cleanup: %v: %s", err, out)
+	}
+	cleaned := time.Since(killed)
+	started := time.Now()
+	if err := c.StartAgent(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netns.WaitBackends(ctx, from.Netns, "tcp", addr, []*netns.Pod{cur}, started); err != nil {
+		t.Fatalf("after a cold restart: %v", err)
+	}
+	res.cold = time.Since(started)
+	res.coldFullSync = fullSyncSeconds(ctx, t, node)
+	t.Logf("cold restart: cleanup %v, start until the Service answers %v", cleaned.Round(time.Millisecond), res.cold.Round(time.Millisecond))
+	loop.resume()
+	if err := flipOnce(ctx, c, probe, from, &cur, podA, podB); err != nil {
+		t.Fatalf("flip after a cold restart: %v", err)
+	}
+
+	res.requests, res.failed, res.firstFailure = loop.stop()
+	res.load[1] = loadAvg()
+	t.Log(res.table())
+	if k.report != "" {
+		if err := res.appendTo(k.report); err != nil {
+			t.Error(err)
+		}
+	}
+	if res.failed > 0 {
+		t.Errorf("%d of %d requests failed; the first: %s", res.failed, res.requests, res.firstFailure)
+	}
+}
+
+// flipOnce moves the probe Service to the other pod and waits for traffic.
+func flipOnce(ctx context.Context, c *netns.Cluster, probe *v1.Service, from *netns.Pod, cur **netns.Pod, a, b *netns.Pod) error {
+	next := a
+	if *cur == a {
+		next = b
+	}
+	since := time.Now()
+	if err := c.SetEndpoints(ctx, probe, netns.Ready(next)); err != nil {
+		return err
+	}
+	_, err := netns.WaitBackends(ctx, from.Netns, "tcp", net.JoinHostPort(probe.Spec.ClusterIP, "80"), []*netns.Pod{next}, since)
+	*cur = next
+	return err
+}
+
+func probeService() *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe"},
+		Spec: v1.ServiceSpec{
+			Type:  v1.ServiceTypeClusterIP,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(netns.PortHTTP)}},
+		},
+	}
+}
+
+// createServices writes k.services Services, each with one EndpointSlice
+// of k.endpoints ready endpoints. The endpoints are unique addresses in
+// 100.64.0.0/10 that nothing answers: they make the rules, and the probe
+// Service carries the traffic.
+func createServices(ctx context.Context, t *testing.T, client kubernetes.Interface, k knobs) {
+	t.Helper()
+	const workers = 48
+	next := make(chan int)
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := createOne(ctx, client, i, k.endpoints); err != nil {
+					failed.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	for i := range k.services {
+		if failed.Load() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatalf("creating Services: %v", err)
+	}
+}
+
+func createOne(ctx context.Context, client kubernetes.Interface, i, endpoints int) error {
+	name := fmt.Sprintf("s-%05d", i)
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: v1.ServiceSpec{
+			Type:  v1.ServiceTypeClusterIP,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+	if _, err := client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-x", Namespace: svc.Namespace,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: netns.ManagedBy}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8080)), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	base := netip.MustParseAddr("100.64.0.0").As4()
+	for j := range endpoints {
+		n := uint32(i)*uint32(endpoints) + uint32(j) + 1
+		a := base
+		a[1] += byte(n >> 16)
+		a[2] = byte(n >> 8)
+		a[3] = byte(n)
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{netip.AddrFrom4(a).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To("node-2"),
+		})
+	}
+	_, err := client.DiscoveryV1().EndpointSlices(svc.Namespace).Create(ctx, es, metav1.CreateOptions{})
+	return err
+}
+
+// loop sends one request after the other (each a new connection) and
+// counts failures; pause stops counting while the test breaks the node on
+// purpose.
+type loop struct {
+	ok, failed atomic.Int64
+	paused     atomic.Bool
+	first      atomic.Value
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	once       sync.Once
+}
+
+func startLoop(ctx context.Context, from, addr string) *loop {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &loop{cancel: cancel}
+	l.wg.Go(func() {
+		for ctx.Err() == nil {
+			if l.paused.Load() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			_, err := nsutil.Request(ctx, from, "tcp", addr)
+			switch {
+			case ctx.Err() != nil, l.paused.Load():
+			case err != nil:
+				l.failed.Add(1)
+				l.first.CompareAndSwap(nil, fmt.Sprintf("%s: %v", time.Now().Format(time.StampMilli), err))
+			default:
+				l.ok.Add(1)
+			}
+		}
+	})
+	return l
+}
+
+func (l *loop) pause()  { l.paused.Store(true) }
+func (l *loop) resume() { l.paused.Store(false) }
+
+func (l *loop) stop() (requests, failed int64, first string) {
+	l.once.Do(func() {
+		l.cancel()
+		l.wg.Wait()
+	})
+	first, _ = l.first.Load().(string)
+	return l.ok.Load() + l.failed.Load(), l.failed.Load(), first
+}
+
+// agentMetrics reads node's agent's /metrics (from inside its namespace)
+// as name -> value, for metrics without labels.
+func agentMetrics(ctx context.Context, t *testing.T, node *netns.Node) map[string]float64 {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsutil.Dialer(node.Netns), DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", netns.MetricsPort), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("agent metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	return parseMetrics(resp.Body)
+}
+
+// fullSyncSeconds waits for the agent's first full sync since its start
+// and returns its duration.
+func fullSyncSeconds(ctx context.Context, t *testing.T, node *netns.Node) float64 {
+	t.Helper()
+	for range 600 {
+		m := agentMetrics(ctx, t, node)
+		if m["kubeproxy_sync_full_proxy_rules_duration_seconds_count"] >= 1 {
+			return m["kubeproxy_sync_full_proxy_rules_duration_seconds_sum"] / m["kubeproxy_sync_full_proxy_rules_duration_seconds_count"]
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("no full sync in 60 s after the agent started")
+	return 0
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[int(p*float64(len(s)-1))]
+}
