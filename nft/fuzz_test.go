@@ -95,6 +95,21 @@ func checkObjects(t *testing.T, p *portal.Portal, o *objects, keyLen map[string]
 			}
 		}
 	}
+	if len(o.rangeSet) > maxNameLen {
+		t.Errorf("%v: set of source ranges named with %d bytes: %q", p.Key, len(o.rangeSet), o.rangeSet)
+	}
+	hasFw := false
+	for _, body := range o.chains {
+		if body.sourceSet != "" {
+			hasFw = true
+			if body.sourceSet != o.rangeSet || len(o.ranges) == 0 {
+				t.Errorf("%v: an fw chain looks up %q, the portal has set %q with %d ranges", p.Key, body.sourceSet, o.rangeSet, len(o.ranges))
+			}
+		}
+	}
+	if hasFw != (o.rangeSet != "") {
+		t.Errorf("%v: set of source ranges %q without an fw chain, or the reverse", p.Key, o.rangeSet)
+	}
 	seen := map[string]bool{}
 	for _, e := range slices.Concat(o.elems, o.shared) {
 		if e.chain != "" && !exists(e.chain) {

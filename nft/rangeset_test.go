@@ -2,6 +2,7 @@ package nft
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -192,4 +193,71 @@ func TestRangeElements(t *testing.T) {
 			t.Errorf("%v reversed: got %q", c.in, got)
 		}
 	}
+}
+
+// TestHugeServiceDoesNotStopOthers: a Service with 5,000 ports behind
+// 1,000 source ranges syncs beside another Service, in one transaction
+// and after, and the other's syncs stay as small as without it: its
+// endpoint change is an element update, whatever the huge Service holds.
+func TestHugeServiceDoesNotStopOthers(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 2)
+	ranges := manyRanges(1000, clientIP, client2IP)
+	hugeKey := portal.ServiceKey{Namespace: "default", Name: "huge"}
+	huge := &portal.Service{Key: hugeKey}
+	for i := 0; i < 5000; i++ {
+		huge.Portals = append(huge.Portals, &portal.Portal{
+			Key:              portal.PortKey{Service: hugeKey, Port: fmt.Sprintf("p%d", i), Protocol: portal.TCP, Family: portal.IPv4},
+			Port:             uint16(10000 + i),
+			ClusterIPs:       []netip.Addr{netip.MustParseAddr("10.96.0.50")},
+			LoadBalancerIPs:  []netip.Addr{lbIP},
+			SourceRanges:     ranges,
+			ClusterEndpoints: eps(8080, 0, 1),
+		})
+	}
+	slices.SortFunc(huge.Portals, func(a, b *portal.Portal) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	other := func(idx ...int) *portal.Service {
+		return service("web", func(p *portal.Portal) {
+			p.ClusterIPs = []netip.Addr{clusterIP}
+			p.ClusterEndpoints = eps(8080, idx...)
+		})
+	}
+	// Without the huge Service, for comparison.
+	tp.sync(t, snapshot(other(0, 1)), true)
+	aloneSt := tp.sync(t, snapshot(other(0)), false)
+	alone := aloneSt.Messages
+
+	st := tp.sync(t, snapshot(huge, other(0, 1)), false)
+	t.Logf("adding a Service of 5,000 ports and %d ranges: %d messages, %v", len(ranges), st.Messages, st.Duration)
+	seen, _ := ask(t, tp.pods[0], "tcp", "10.96.0.10:80", 20)
+	if len(seen) != 2 {
+		t.Errorf("the other Service beside the huge one: %v, want both endpoints", seen)
+	}
+	lb := netip.AddrPortFrom(lbIP, 14999).String()
+	ask(t, tp.client, "tcp", lb, 1)
+	mustDrop(t, tp.client2, "tcp", lb)
+
+	withHuge := tp.sync(t, snapshot(huge, other(0)), false)
+	t.Logf("the other Service's endpoint change: %d messages (%v) alone, %d (%v) beside the huge one",
+		alone, aloneSt.Duration, withHuge.Messages, withHuge.Duration)
+	// At most as many: endpoints the huge Service shares keep their
+	// hairpin elements.
+	if withHuge.Messages > alone {
+		t.Errorf("the other Service's endpoint change took %d messages beside the huge Service, %d without it", withHuge.Messages, alone)
+	}
+	if seen, _ := ask(t, tp.pods[1], "tcp", "10.96.0.10:80", 10); len(seen) != 1 || seen["pod0"] != 10 {
+		t.Errorf("after the other Service's change: %v, want pod0 only", seen)
+	}
+	// A full sync holds both; so does a restart's.
+	if st := tp.sync(t, snapshot(huge, other(0)), true); st.Messages != 0 {
+		t.Errorf("a full sync over the unchanged table sent %d messages", st.Messages)
+	}
+	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
+	st = tp.sync(t, snapshot(huge, other(1)), true)
+	t.Logf("a restart's full sync with the other Service changed: %d messages, %v", st.Messages, st.Duration)
+	if seen, _ := ask(t, tp.pods[0], "tcp", "10.96.0.10:80", 10); len(seen) != 1 || seen["pod1"] != 10 {
+		t.Errorf("after a restart: %v, want pod1 only", seen)
+	}
+	ask(t, tp.client, "tcp", lb, 1)
+	mustDrop(t, tp.client2, "tcp", lb)
 }
