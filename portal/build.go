@@ -29,10 +29,15 @@ func (c *Config) Skip(svc *v1.Service) string {
 
 // Build turns a Service and its EndpointSlices into desired portals. It
 // never fails: bad values are left out and reported as Problems. It returns
-// nil when the Service is not served (headless, ExternalName, another proxy's).
+// nil when the Service is not served (headless, ExternalName, another
+// proxy's), and nil with a ServiceTooLarge Problem when it is over the
+// Limits.
 func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Service, []Problem) {
 	if c.Skip(svc) != "" {
 		return nil, nil
+	}
+	if p := c.overLimits(svc); p != nil {
+		return nil, []Problem{*p}
 	}
 	key := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 	b := builder{cfg: c, svc: svc, key: key}
@@ -52,6 +57,11 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 	}
 	for f := range lbs {
 		lbs[f] = b.without(lbs[f], slices.Concat(vips[f], ext[f]), ReasonInvalidIngressIP, "load-balancer IP %s is also the Service's cluster or external IP; programmed once, as that")
+	}
+	// Parsed once: every port of the Service shares them.
+	ranges := map[Family][]netip.Prefix{}
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+		ranges[IPv4], ranges[IPv6] = b.sourceRanges()
 	}
 	type protoPort struct {
 		proto Protocol
@@ -116,7 +126,7 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 				Scheduler:       sched,
 			}
 			if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
-				p.SourceRanges = b.sourceRanges(f)
+				p.SourceRanges = ranges[f]
 				if p.ExternalLocal && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 					p.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
 				}
@@ -237,22 +247,26 @@ func (b *builder) ingressIPs() map[Family][]netip.Addr {
 	return out
 }
 
-func (b *builder) sourceRanges(f Family) []netip.Prefix {
-	var out []netip.Prefix
+// sourceRanges parses loadBalancerSourceRanges into the IPv4 and the IPv6
+// ones, each sorted and without duplicates.
+func (b *builder) sourceRanges() (v4, v6 []netip.Prefix) {
+	out := map[Family][]netip.Prefix{}
 	for _, s := range b.svc.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
 		if err != nil {
 			b.problem(ReasonInvalidIngressIP, "loadBalancerSourceRanges entry %q is not a CIDR", s)
 			continue
 		}
-		if FamilyOf(p.Addr()) == f {
-			out = append(out, p.Masked())
-		}
+		f := FamilyOf(p.Addr())
+		out[f] = append(out[f], p.Masked())
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-	})
-	return slices.Compact(out)
+	for f, ps := range out {
+		slices.SortFunc(ps, func(a, b netip.Prefix) int {
+			return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+		})
+		out[f] = slices.Compact(ps)
+	}
+	return out[IPv4], out[IPv6]
 }
 
 // servable reports whether a may be an external or load-balancer IP or an

@@ -19,6 +19,9 @@ type Config struct {
 	ServiceProxyName string
 	// NodeZone is this node's topology.kubernetes.io/zone, for topology hints.
 	NodeZone string
+	// Limits bound one Service's contribution to the ruleset; zero fields
+	// take DefaultLimits.
+	Limits Limits
 }
 
 // The labels and annotations the model reads.

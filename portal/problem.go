@@ -3,8 +3,9 @@ package portal
 import "fmt"
 
 // Problem is an input the model refused: a bad value in a Service or
-// EndpointSlice. The rest of the object is still used. Problems become
-// Kubernetes events on the Service and log lines.
+// EndpointSlice. The rest of the object is still used, except after a
+// ServiceTooLarge or an InternalError, which leave the whole Service out.
+// Problems become Kubernetes events on the Service and log lines.
 type Problem struct {
 	Service ServiceKey
 	Reason  string // CamelCase, as Kubernetes event reasons
@@ -25,6 +26,9 @@ const (
 	ReasonInvalidIngressIP  = "InvalidLoadBalancerIP"
 	ReasonPortConflict      = "PortConflict"
 	ReasonInvalidScheduler  = "InvalidScheduler"
+	// ReasonTooLarge: the Service is over one of the Limits; it is left out
+	// as a whole until it fits.
+	ReasonTooLarge = "ServiceTooLarge"
 	// ReasonPanic: building or programming the Service panicked; it is
 	// left out until it changes. A bug in onehop, not in the Service.
 	ReasonPanic = "InternalError"
