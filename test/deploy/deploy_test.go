@@ -4,13 +4,15 @@ package deploy_test
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/nsutil"
@@ -29,25 +31,9 @@ func repoRoot(t *testing.T) string {
 // apiserver with strict field validation; a manifest with an unknown field
 // is not, so the check can fail.
 func TestManifestsServerSideDryRun(t *testing.T) {
-	if err := nsutil.Available(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
+	cp, name := cluster.StartTest(t, "dep", "192.0.2.3")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	name := nsutil.RunID() + "-dep"
-	if err := nsutil.Create(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nsutil.Delete(context.Background(), name) })
-	const addr = "192.0.2.3"
-	if err := nsutil.IP(ctx, name, "addr", "add", addr+"/32", "dev", "lo"); err != nil {
-		t.Fatal(err)
-	}
-	cp, err := cluster.Start(ctx, cluster.Options{Netns: name, Address: addr, Log: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
 	bin, err := cluster.Binaries(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +42,11 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		return nsutil.Exec(ctx, name, append([]string{filepath.Join(bin, "kubectl"), "--kubeconfig", cp.Kubeconfig}, args...)...)
 	}
 	root := repoRoot(t)
+	// A dry run creates nothing, so the objects in the Lease namespace
+	// would find no namespace: it is created for real first.
+	if out, err := kubectl("create", "namespace", "onehop-leases"); err != nil {
+		t.Fatalf("create namespace onehop-leases: %v\n%s", err, out)
+	}
 	for _, dir := range []string{"deploy", "deploy/ipvs"} {
 		out, err := kubectl("apply", "-k", filepath.Join(root, dir), "--dry-run=server", "--validate=strict")
 		if err != nil {
@@ -63,8 +54,12 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 			continue
 		}
 		t.Logf("%s:\n%s", dir, out)
-		if !strings.Contains(out, "daemonset.apps/") {
-			t.Errorf("%s: no DaemonSet in the dry run:\n%s", dir, out)
+		for _, want := range []string{"daemonset.apps/onehop ", "deployment.apps/onehop-controller ",
+			"validatingadmissionpolicy.admissionregistration.k8s.io/onehop-node-own-lease ",
+			"validatingadmissionpolicybinding.admissionregistration.k8s.io/onehop-node-own-lease "} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: no %s in the dry run:\n%s", dir, strings.TrimSpace(want), out)
+			}
 		}
 	}
 
@@ -74,5 +69,54 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	}
 	if out, err := kubectl("apply", "-f", bad, "--dry-run=server", "--validate=strict"); err == nil {
 		t.Errorf("a manifest with an unknown field passed the dry run:\n%s", out)
+	}
+}
+
+// The workloads of deploy/base are bounded and unprivileged where they can
+// be: every container has a memory limit (a system-node-critical pod
+// without one is the last the kernel's OOM killer picks), and the
+// controller, which touches no kernel state, runs as non-root on a
+// read-only root filesystem, two replicas with one leader.
+func TestWorkloadsAreBounded(t *testing.T) {
+	objs, err := cluster.DeployObjects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, o := range objs {
+		var spec *corev1.PodSpec
+		switch o := o.(type) {
+		case *appsv1.DaemonSet:
+			spec = &o.Spec.Template.Spec
+			found["DaemonSet/"+o.Name] = true
+		case *appsv1.Deployment:
+			spec = &o.Spec.Template.Spec
+			found["Deployment/"+o.Name] = true
+			if o.Name == "onehop-controller" {
+				if o.Spec.Replicas == nil || *o.Spec.Replicas != 2 {
+					t.Errorf("%s: replicas %v, want 2", o.Name, o.Spec.Replicas)
+				}
+				sc := spec.Containers[0].SecurityContext
+				if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+					sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || len(sc.Capabilities.Add) > 0 {
+					t.Errorf("%s: securityContext %+v, want non-root, read-only root, no privilege escalation, no capabilities", o.Name, sc)
+				}
+				if spec.ServiceAccountName != cluster.ControllerServiceAccount {
+					t.Errorf("%s runs as %q, want %s", o.Name, spec.ServiceAccountName, cluster.ControllerServiceAccount)
+				}
+			}
+		default:
+			continue
+		}
+		for _, c := range spec.Containers {
+			if c.Resources.Limits.Memory().IsZero() {
+				t.Errorf("%T %s: container %s has no memory limit", o, spec.ServiceAccountName, c.Name)
+			}
+		}
+	}
+	for _, w := range []string{"DaemonSet/onehop", "Deployment/onehop-controller"} {
+		if !found[w] {
+			t.Errorf("deploy/base has no %s", w)
+		}
 	}
 }
