@@ -2,7 +2,11 @@ package external
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -55,12 +59,18 @@ func runHook(t *testing.T, cfg external.Config, c kubernetes.Interface, node str
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runUntilEnd(t, "hook "+node, h)
+}
+
+// runUntilEnd runs h until the test ends; the returned stop function ends
+// it early (a clean stop) and waits for it.
+func runUntilEnd(t *testing.T, what string, h *external.Hook) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := h.Run(ctx); err != nil {
-			t.Errorf("hook %s: %v", node, err)
+			t.Errorf("%s: %v", what, err)
 		}
 	}()
 	stop = sync.OnceFunc(func() { cancel(); <-done })
@@ -182,12 +192,31 @@ func ipamConfig() external.Config {
 // pool choice, sharing, conflicts, bad annotations and exhaustion get
 // answers or events; release on delete and type change; after the leader
 // stops, the other rebuilds from status and never hands out a held IP.
+// "split" runs the same with two `agent controller`s under deploy/base's
+// RBAC, as deploy/ ships them, instead of two all-in-one agents as admin.
 func TestIPAMAgainstAPIServer(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		t.Run(map[bool]string{false: "all-in-one", true: "split"}[split], func(t *testing.T) { testIPAM(t, split) })
+	}
+}
+
+func testIPAM(t *testing.T, split bool) {
 	needs(t)
 	tp := newTopo(t)
 	tp.add("cp")
-	_, c := tp.startControlPlane("cp", "")
-	stops := map[string]func(){"n1": runHook(t, ipamConfig(), c, "n1"), "n2": runHook(t, ipamConfig(), c, "n2")}
+	cp, c := tp.startControlPlane("cp", "")
+	cfg := ipamConfig()
+	var stops map[string]func()
+	if split {
+		sp := newSplit(t, cp)
+		cfg = sp.config(cfg)
+		stops = map[string]func(){}
+		for _, name := range []string{"onehop-controller-a", "onehop-controller-b"} {
+			stops[name] = sp.runController(cfg, name, "")
+		}
+	} else {
+		stops = map[string]func(){"n1": runHook(t, cfg, c, "n1"), "n2": runHook(t, cfg, c, "n2")}
+	}
 
 	createLB(t, c, "requested", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
 	if ips := lbIPs(t, c, "requested", "requested IP", some); ips[0] != "192.0.2.3" {
@@ -239,7 +268,7 @@ func TestIPAMAgainstAPIServer(t *testing.T) {
 
 	// Leader failover: whoever leads stops; the other must rebuild from
 	// status before allocating, so the new Service gets no held IP.
-	lease, err := c.CoordinationV1().Leases("default").Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	lease, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +279,7 @@ func TestIPAMAgainstAPIServer(t *testing.T) {
 	}
 	createLB(t, c, "after-failover", 80, annotate(external.AnnotationAddressPool, "manual"))
 	got := lbIPs(t, c, "after-failover", "allocation after failover", some)
-	if l, err := c.CoordinationV1().Leases("default").Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
+	if l, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
 		t.Fatalf("after %s stopped the lease is held by %v (%v)", leader, l.Spec.HolderIdentity, err)
 	}
 	if len(before[got[0]]) > 0 {
@@ -263,4 +292,149 @@ func TestIPAMAgainstAPIServer(t *testing.T) {
 		}
 	}
 	t.Logf("leader before failover: %s; allocations %v", leader, after)
+}
+
+// split is a cloud hook installed as deploy/ ships it: deploy/base's RBAC
+// and admission policy applied, one `agent controller` and node agents
+// each with the identity the kubelet would give its pod. Any request the
+// RBAC refuses fails the test: the controller's are counted at its client,
+// the node agents' found in their logs.
+type split struct {
+	t  *testing.T
+	cp *cluster.ControlPlane
+}
+
+// splitLeaseNamespace is where deploy/base keeps the hook's Leases.
+const splitLeaseNamespace = "onehop-leases"
+
+func newSplit(t *testing.T, cp *cluster.ControlPlane) *split {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := cp.ApplyRBAC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &split{t: t, cp: cp}
+}
+
+// config makes cfg the split's: node agents run only their part, the Leases
+// live where the RBAC allows them.
+func (s *split) config(cfg external.Config) external.Config {
+	cfg.SeparateController = true
+	cfg.LeaseNamespace = splitLeaseNamespace
+	return cfg
+}
+
+// nodeKubeconfig is the kubeconfig of node's agent pod.
+func (s *split) nodeKubeconfig(node string) string {
+	s.t.Helper()
+	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.NodeAgentServiceAccount, "onehop-"+node, node)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return id.Kubeconfig
+}
+
+// runController runs `agent controller`'s hook in this process as the
+// controller's pod name on node, until the test ends (or the returned stop).
+// A 403 answer to any of its requests fails the test.
+func (s *split) runController(cfg external.Config, name, node string) (stop func()) {
+	t := s.t
+	t.Helper()
+	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.ControllerServiceAccount, name, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var refused []string
+	id.Config.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(r)
+			if err == nil && resp.StatusCode == http.StatusForbidden {
+				mu.Lock()
+				refused = append(refused, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return resp, err
+		})
+	})
+	c, err := kubernetes.NewForConfig(id.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := external.NewController(cfg, c, name, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("controller", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last first: the check runs once the controller stopped.
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(refused) > 0 {
+			t.Errorf("controller %s was refused (403) %d requests under deploy/base's RBAC: %v", name, len(refused), refused)
+		}
+	})
+	return runUntilEnd(t, "controller "+name, h)
+}
+
+// checkNodeLog fails the test when a node agent's log shows a request the
+// RBAC or the admission policy refused.
+func checkNodeLog(t *testing.T, node, log string) {
+	t.Helper()
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(strings.ToLower(l), "forbidden") {
+			t.Errorf("agent %s was refused a request under deploy/base's RBAC: %s", node, l)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// startNodeAgent runs node n's agent (hookMain, as startAgent does) inside
+// its namespace with the identity of its pod; at cleanup it is killed and
+// its log searched for refused requests (checkNodeLog).
+func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cmd {
+	t := s.t
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := tp.command(n, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+s.nodeKubeconfig(n), "OHX_NODE="+n)
+	logb := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logb, logb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		checkNodeLog(t, n, logb.String())
+		if t.Failed() {
+			t.Logf("agent %s:\n%s", n, logb.String())
+		}
+	})
+	return cmd
+}
+
+// lockedBuffer is an io.Writer a process's output may be copied into while
+// the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

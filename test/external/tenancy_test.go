@@ -29,7 +29,9 @@ import (
 // Each gets a refusal event; team-a's status keeps the VIP; the router
 // never has node1 as a next hop for the VIP (sampled all along), and every
 // client request reaches team-a's pod. team-b's own Service, created last,
-// is the sign that both agents have seen all of it.
+// is the sign that both agents have seen all of it. The hook runs split, as
+// deploy/ ships it: a controller and node agents, each under deploy/base's
+// RBAC, and a refused request fails the test.
 func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	lab := newBGPLab(t)
 	lab.add("cp")
@@ -54,12 +56,16 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 		// where the dataplane accepts team-b's spec.externalIPs entry.
 		ExternalIPCIDRs: []string{"203.0.113.0/24"},
 		PodExternalIPs:  true,
-		LeaseNamespace:  "default",
 		BGP:             &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
 	}
+	// Installed as deploy/ ships it: one controller allocates and writes
+	// status; the node agents only announce, under their own RBAC.
+	sp := newSplit(t, cp)
+	cfg = sp.config(cfg)
+	sp.runController(cfg, "onehop-controller-0", "node1")
 	t.Setenv("OHX_MODEL", "1")
 	for _, n := range []string{"node1", "node2"} {
-		lab.startAgent(n, cfg, cp.Kubeconfig)
+		sp.startNodeAgent(lab.topo, n, cfg)
 	}
 
 	web := tenantService("team-a", "web", 80, func(s *corev1.Service) {
