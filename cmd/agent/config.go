@@ -18,6 +18,8 @@ import (
 	kubeproxy "k8s.io/kube-proxy/config/v1alpha1"
 	strictjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/onehop/onehop/portal"
 )
 
 // The kinds a --config file may hold, one YAML document each.
@@ -50,6 +52,7 @@ const (
 //	externalIPCIDRs: [203.0.113.0/24]
 //	serviceProxyName: ""         # handle Services labelled service.kubernetes.io/service-proxy-name=<this>
 //	sourceRangesOnNodePorts: false
+//	serviceLimits: {ports: 5000, sourceRanges: 10000, externalIPs: 100, loadBalancerIPs: 100}
 //	external: {...}              # the cloud hook's settings, decoded by package external
 type onehopConfiguration struct {
 	APIVersion string `json:"apiVersion"`
@@ -59,7 +62,42 @@ type onehopConfiguration struct {
 	ExternalIPCIDRs         []string        `json:"externalIPCIDRs,omitempty"`
 	ServiceProxyName        *string         `json:"serviceProxyName,omitempty"`
 	SourceRangesOnNodePorts *bool           `json:"sourceRangesOnNodePorts,omitempty"`
+	ServiceLimits           *serviceLimits  `json:"serviceLimits,omitempty"`
 	External                json.RawMessage `json:"external,omitempty"`
+}
+
+// serviceLimits bound what one Service may put into every node's ruleset
+// (portal.Limits); a field left out keeps its default. kube-proxy has no
+// such limits.
+type serviceLimits struct {
+	Ports           *int32 `json:"ports,omitempty"`
+	SourceRanges    *int32 `json:"sourceRanges,omitempty"`
+	ExternalIPs     *int32 `json:"externalIPs,omitempty"`
+	LoadBalancerIPs *int32 `json:"loadBalancerIPs,omitempty"`
+}
+
+// resolve checks the limits given and returns them; zero fields of the
+// result take portal's defaults.
+func (sl *serviceLimits) resolve() (portal.Limits, error) {
+	var l portal.Limits
+	if sl == nil {
+		return l, nil
+	}
+	for _, f := range []struct {
+		name string
+		v    *int32
+		dst  *int
+	}{{"ports", sl.Ports, &l.Ports}, {"sourceRanges", sl.SourceRanges, &l.SourceRanges},
+		{"externalIPs", sl.ExternalIPs, &l.ExternalIPs}, {"loadBalancerIPs", sl.LoadBalancerIPs, &l.LoadBalancerIPs}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v < 1 {
+			return l, fmt.Errorf("serviceLimits.%s %d: want at least 1 (leave it out for the default)", f.name, *f.v)
+		}
+		*f.dst = int(*f.v)
+	}
+	return l, nil
 }
 
 // fileConfig is what a --config file resolved to. A nil pointer (or nil
@@ -110,6 +148,9 @@ type fileConfig struct {
 	ExternalIPCIDRs         []netip.Prefix
 	ServiceProxyName        *string
 	SourceRangesOnNodePorts *bool
+	// ServiceLimits are the serviceLimits given; zero fields take the
+	// defaults (portal.DefaultLimits).
+	ServiceLimits portal.Limits
 	// External is the cloud hook's section, as JSON, for package external
 	// to decode (strictly); nil when absent.
 	External    json.RawMessage
@@ -354,6 +395,11 @@ func (fc *fileConfig) applyOnehop(oh *onehopConfiguration) error {
 	}
 	fc.ServiceProxyName = oh.ServiceProxyName
 	fc.SourceRangesOnNodePorts = oh.SourceRangesOnNodePorts
+	limits, err := oh.ServiceLimits.resolve()
+	if err != nil {
+		return err
+	}
+	fc.ServiceLimits = limits
 	if len(oh.External) > 0 && !bytes.Equal(oh.External, []byte("null")) {
 		if oh.External[0] != '{' {
 			return fmt.Errorf("external: want a mapping, got %s", oh.External)
