@@ -32,7 +32,11 @@ type Dataplane interface {
 
 // SyncStats describes one Sync.
 type SyncStats struct {
-	Full     bool
+	Full bool
+	// ReadBack: this full sync read the kernel's state back and reconciled
+	// it; false when the backend could prove the kernel unchanged since its
+	// last sync and compared with what it remembers.
+	ReadBack bool
 	Services int // Services looked at
 	Changed  int // portals whose kernel state changed
 	Messages int // netlink messages (or commands) sent

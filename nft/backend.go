@@ -40,6 +40,7 @@ type Backend struct {
 	chains   int // per-portal chains
 	elements int
 	lastUse  uint32 // the table's use count after our last sync
+	gen      genTracker
 }
 
 type appliedService struct {
@@ -111,9 +112,18 @@ func (b *Backend) releaseID(name string) {
 }
 
 // Sync implements dataplane.Dataplane.
+//
+// A full sync reads the table back and reconciles it in place, unless the
+// kernel's nftables generation shows that nothing was committed since this
+// process's last sync: then the kernel holds what the backend remembers,
+// and the full sync compares every Service with that memory instead (the
+// same outcome, without reading 100k elements back).
 func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {
 	start := time.Now()
 	full = full || !b.synced
+	gen0, genErr := generation(b.netnsFD)
+	memoryKnown := b.synced && b.gen.known && genErr == nil && gen0 == b.gen.gen
+	readBack := full && !memoryKnown
 	conn, err := newConn(b.netnsFD)
 	if err != nil {
 		return dataplane.SyncStats{}, err
@@ -122,12 +132,13 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
-	if full {
+	if readBack {
 		b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	}
-	t := b.newTx(txConn, full)
-	if full {
+	t := b.newTx(txConn, readBack)
+	if readBack {
 		if err := b.prepareFull(t, conn); err != nil {
+			b.gen.known = false
 			return dataplane.SyncStats{}, err
 		}
 	}
@@ -136,6 +147,13 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		keys = keys[:0:0]
 		for k := range snap.Services {
 			keys = append(keys, k)
+		}
+		if !readBack { // Services the kernel still holds and the snapshot lost
+			for k := range b.services {
+				if snap.Services[k] == nil {
+					keys = append(keys, k)
+				}
+			}
 		}
 		slices.SortFunc(keys, func(a, b portal.ServiceKey) int {
 			if a.Namespace != b.Namespace {
@@ -153,13 +171,15 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	t.nodePortIPs(snap.Node.NodePortAddrs)
 	t.podExternalIPs(snap.Node.PodExternalIPs)
 	stats, err := t.commit()
-	stats.Full = full
+	stats.Full, stats.ReadBack = full, readBack
 	stats.Services = len(keys)
 	stats.Duration = time.Since(start)
 	if err != nil {
 		b.reset() // the kernel rolled back; only a full sync is safe now
+		b.gen.known = false
 		return stats, err
 	}
+	b.gen.after(b.netnsFD, gen0, genErr, stats.Messages > 0, readBack || memoryKnown)
 	if tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err == nil {
 		b.lastUse = tb.Use
 	}

@@ -62,13 +62,43 @@ func benchBackendT(b testing.TB) *Backend {
 	return be
 }
 
-func benchFullSync(b *testing.B, n int) {
+// fullSyncMode is the state a benchmarked full sync starts from.
+type fullSyncMode int
+
+const (
+	// fresh: no onehop table in the kernel (a node's first start).
+	fresh fullSyncMode = iota
+	// restart: the table the last process left, read back by a new
+	// process and reconciled in place.
+	restart
+	// steady: the same process again, the kernel untouched since (the
+	// periodic full sync): compared with memory, nothing read back.
+	steady
+)
+
+func benchFullSync(b *testing.B, n int, mode fullSyncMode) {
 	be := benchBackend(b)
 	snap := bigSnapshot(n, 10)
 	ctx := context.Background()
+	if mode != fresh {
+		if _, err := be.Sync(ctx, snap, true); err != nil {
+			b.Fatal(err)
+		}
+	}
 	b.ResetTimer()
 	var st dataplane.SyncStats
 	for i := 0; i < b.N; i++ {
+		switch mode {
+		case fresh:
+			b.StopTimer()
+			if err := be.Cleanup(ctx); err != nil {
+				b.Fatal(err)
+			}
+			be = New(be.cfg, WithNetNS(be.netnsFD))
+			b.StartTimer()
+		case restart:
+			be = New(be.cfg, WithNetNS(be.netnsFD))
+		}
 		var err error
 		if st, err = be.Sync(ctx, snap, true); err != nil {
 			b.Fatal(err)
@@ -83,8 +113,10 @@ func benchFullSync(b *testing.B, n int) {
 	runtime.KeepAlive(snap)
 }
 
-func BenchmarkFullSync1k(b *testing.B)  { benchFullSync(b, 1000) }
-func BenchmarkFullSync10k(b *testing.B) { benchFullSync(b, 10000) }
+func BenchmarkFullSync1k(b *testing.B)         { benchFullSync(b, 1000, fresh) }
+func BenchmarkFullSync10k(b *testing.B)        { benchFullSync(b, 10000, fresh) }
+func BenchmarkFullSyncRestart10k(b *testing.B) { benchFullSync(b, 10000, restart) }
+func BenchmarkFullSyncSteady10k(b *testing.B)  { benchFullSync(b, 10000, steady) }
 
 // BenchmarkEndpointChange10k is one Service's endpoints changing while
 // 10k Services are programmed: the cost of an incremental sync.
