@@ -47,7 +47,7 @@ func agentBinary(ctx context.Context, path, dir string) (string, error) {
 func (c *Cluster) AgentArgs(n *Node) []string {
 	args := []string{
 		c.agentBin, "run",
-		"--kubeconfig", c.CP.Kubeconfig,
+		"--kubeconfig", n.kubeconfig,
 		"--hostname-override", n.Name,
 		"--cluster-cidr", ClusterCIDR + "," + ClusterCIDR6,
 		"--service-cidr", cluster.DefaultServiceCIDRs,
@@ -136,4 +136,48 @@ func (c *Cluster) AgentLogTail(n *Node, bytes int) string {
 		return ""
 	}
 	return strings.TrimSpace(n.agent.Tail(bytes))
+}
+
+// agentIdentities gives each node's agent its kubeconfig: deploy/base's
+// access-control objects are applied and each agent gets the token of a
+// pod of the node agents' service account on its node, as the kubelet
+// would give it; with AdminAgents, the admin kubeconfig.
+func (c *Cluster) agentIdentities(ctx context.Context) error {
+	if c.cfg.AdminAgents {
+		for _, n := range c.Nodes {
+			n.kubeconfig = c.CP.Kubeconfig
+		}
+		return nil
+	}
+	if err := c.CP.ApplyRBAC(ctx); err != nil {
+		return fmt.Errorf("deploy/base RBAC: %w", err)
+	}
+	for _, n := range c.Nodes {
+		id, err := c.CP.PodIdentity(ctx, cluster.AgentNamespace, cluster.NodeAgentServiceAccount, "onehop-"+n.Name, n.Name)
+		if err != nil {
+			return err
+		}
+		n.kubeconfig = id.Kubeconfig
+	}
+	return nil
+}
+
+// RefusedRequests returns the lines of every agent log so far (restarts
+// included) that show a request the API server refused as forbidden.
+func (c *Cluster) RefusedRequests() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		for i := 1; i <= n.agentLogs; i++ {
+			b, err := os.ReadFile(filepath.Join(c.Dir, fmt.Sprintf("agent-%s.%d.log", n.Name, i)))
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.Contains(strings.ToLower(l), "forbidden") {
+					out = append(out, n.Name+": "+l)
+				}
+			}
+		}
+	}
+	return out
 }

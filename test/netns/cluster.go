@@ -26,6 +26,12 @@ type Config struct {
 	Agent string
 	// AgentArgs are appended to every agent's `run` flags.
 	AgentArgs []string
+	// AdminAgents runs the agents with the admin kubeconfig. By default
+	// each agent has the identity deploy/ gives it: the node agents'
+	// service account, with a token bound to a pod on its node, under
+	// deploy/base's RBAC and admission policy; NewForTest fails the test
+	// when an agent was refused a request.
+	AdminAgents bool
 	// ControlPlaneBin holds kube-apiserver and etcd; default
 	// cluster.Binaries (hack/controlplane.sh).
 	ControlPlaneBin string
@@ -73,6 +79,8 @@ type Node struct {
 
 	agent     *nsutil.Process
 	agentLogs int
+	// kubeconfig is the agent's identity (AdminAgents: the admin's).
+	kubeconfig string
 }
 
 // Pod is one pod namespace with its echo server.
@@ -156,6 +164,9 @@ func New(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return c, err
 	}
 	if err := c.registerNodes(ctx); err != nil {
+		return c, err
+	}
+	if err := c.agentIdentities(ctx); err != nil {
 		return c, err
 	}
 	if err := c.startPods(); err != nil {

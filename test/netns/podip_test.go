@@ -27,7 +27,7 @@ import (
 func TestPodExternalIP(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "onehop.yaml")
-	conf := fmt.Sprintf("apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\nexternal:\n  podExternalIPs: true\n  leaseNamespace: default\n  externalIPCIDRs: [%q]\n", netns.ExternalCIDR)
+	conf := fmt.Sprintf("apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\nexternal:\n  separateController: true\n  podExternalIPs: true\n  leaseNamespace: onehop-leases\n  externalIPCIDRs: [%q]\n", netns.ExternalCIDR)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

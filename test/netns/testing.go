@@ -12,7 +12,8 @@ import (
 // NewForTest builds a cluster for t and tears it down in t.Cleanup. It skips
 // t, with the reason, only when network namespaces are unusable (not root,
 // no `ip netns`); any other start-up failure fails t. When t has failed, the
-// cleanup first logs each node's agent log tail and nftables ruleset.
+// cleanup first logs each node's agent log tail and nftables ruleset. An
+// agent refused a request (RefusedRequests) fails t.
 func NewForTest(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
 	if err := nsutil.Available(); err != nil {
@@ -28,6 +29,9 @@ func NewForTest(t testing.TB, cfg Config) *Cluster {
 		t.Fatalf("namespace cluster: %v", err)
 	}
 	t.Cleanup(func() {
+		for _, l := range c.RefusedRequests() {
+			t.Errorf("an agent was refused a request under deploy/base's RBAC: %s", l)
+		}
 		if t.Failed() {
 			c.LogState(t)
 		}
