@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/test/cluster"
+)
+
+// `agent controller`, wired as deploy/ runs it: it reads the node agents'
+// config file (the API server from clientConnection.kubeconfig, the pools
+// from the external section), authenticates as the controller's service
+// account under deploy/base's RBAC, wins the leader Lease in the Lease
+// namespace, writes a LoadBalancer IP to a Service's status, and releases
+// the Lease when it stops.
+func TestControllerCommand(t *testing.T) {
+	if os.Getenv(cluster.EnvBinDir) == "" {
+		t.Skipf("needs a control plane: set %s (make test does)", cluster.EnvBinDir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cp, err := cluster.Start(ctx, cluster.Options{}) // loopback of this namespace
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	if err := cp.ApplyRBAC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cp.PodIdentity(ctx, cluster.AgentNamespace, cluster.ControllerServiceAccount, "onehop-controller-test", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const leases = "onehop-leases"
+	conf := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+---
+apiVersion: onehop.io/v1alpha1
+kind: OnehopConfiguration
+external:
+  separateController: true
+  leaseNamespace: %s
+  pools: [{name: main, addresses: ["192.0.2.10"]}]
+`, id.Kubeconfig, leases), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var logs strings.Builder
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- controllerCmd(runCtx, []string{"--config", conf, "--identity", "ctl-a", "--healthz-bind-address", ""}, &logs)
+	}()
+	// end stops the controller (once) and returns its log and error.
+	var runErr error
+	stopped := false
+	end := func() string {
+		if !stopped {
+			stop()
+			runErr = <-done
+			stopped = true
+		}
+		return logs.String()
+	}
+	t.Cleanup(func() { end() })
+
+	if _, err := admin.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var ips []string
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Equal(ips, []string{"192.0.2.10"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("web's status has %v, want 192.0.2.10; controller log:\n%s", ips, end())
+		}
+		time.Sleep(50 * time.Millisecond)
+		s, err := admin.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ips = nil
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+	}
+	l, err := admin.CoordinationV1().Leases(leases).Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != "ctl-a" {
+		t.Fatalf("leader Lease %s/%s: %+v, %v; want held by ctl-a", leases, external.AllocatorLeaseName, l, err)
+	}
+
+	log := end()
+	if runErr != nil {
+		t.Fatalf("agent controller: %v\n%s", runErr, log)
+	}
+	l, err = admin.CoordinationV1().Leases(leases).Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+		t.Errorf("after a clean stop the leader Lease is %+v, %v; want released", l.Spec, err)
+	}
+	if strings.Contains(strings.ToLower(log), "forbidden") {
+		t.Errorf("the controller was refused a request:\n%s", log)
+	}
+}
