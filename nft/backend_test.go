@@ -122,6 +122,7 @@ func TestHairpin(t *testing.T) {
 	web := service("web", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{clusterIP}
 		p.ClusterEndpoints = eps(8080, 1)
+		p.Hairpin = []netip.Addr{podIP(1)} // pod1 is on this node
 	})
 	tp.sync(t, snapshot(web), true)
 	for _, network := range []string{"tcp", "udp"} {
@@ -288,7 +289,7 @@ func goldenSnapshot() *portal.Snapshot {
 	one := &portal.Service{Key: key("web"), Portals: []*portal.Portal{
 		{Key: portal.PortKey{Service: key("web"), Port: "http", Protocol: portal.TCP, Family: portal.IPv4}, Port: 80,
 			ClusterIPs: []netip.Addr{clusterIP}, NodePort: 30080, ExternalIPs: []netip.Addr{extIP}, LoadBalancerIPs: []netip.Addr{lbIP},
-			ClusterEndpoints: eps(8080, 1, 2)},
+			ClusterEndpoints: eps(8080, 1, 2), Hairpin: []netip.Addr{podIP(1)}},
 		{Key: portal.PortKey{Service: key("web"), Port: "http", Protocol: portal.TCP, Family: portal.IPv6}, Port: 80,
 			ClusterIPs:       []netip.Addr{netip.MustParseAddr("fd00:96::10")},
 			ClusterEndpoints: []netip.AddrPort{netip.MustParseAddrPort("[fd00:244:1::2]:8080")}},

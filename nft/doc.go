@@ -109,7 +109,8 @@
 //
 // A pod with its own external IP leaves with it (@pod-snat4), marked traffic
 // is masqueraded, and so is a pod that reached itself through its Service
-// (@hairpin4 holds each endpoint . itself).
+// (@hairpin4 holds each endpoint on this node . itself: a pod elsewhere is
+// translated on its own node).
 //
 // Dispatch is one hash lookup whatever the number of Services, and an
 // endpoint is picked by one numgen and one map lookup: the cost of a

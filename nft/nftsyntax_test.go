@@ -40,7 +40,7 @@ func policiesSnapshot() *portal.Snapshot {
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("198.51.100.0/25"),
 				netip.MustParsePrefix("198.51.100.64/26"), netip.MustParsePrefix("198.51.100.128/26"), netip.MustParsePrefix("255.255.255.0/24")},
 			ExternalLocal:    true,
-			ClusterEndpoints: eps(8080, 0, 1, 2), LocalEndpoints: eps(8080, 0, 1), Affinity: portal.Affinity{TimeoutSeconds: 600}},
+			ClusterEndpoints: eps(8080, 0, 1, 2), LocalEndpoints: eps(8080, 0, 1), Hairpin: []netip.Addr{podIP(0), podIP(1)}, Affinity: portal.Affinity{TimeoutSeconds: 600}},
 		{Key: pk("sticky", "", portal.UDP, portal.IPv6), Port: 53,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::20")}, InternalLocal: true,
 			ClusterEndpoints: []netip.AddrPort{netip.MustParseAddrPort("[fd00:244:1::2]:53")}},
@@ -48,7 +48,7 @@ func policiesSnapshot() *portal.Snapshot {
 	itp := &portal.Service{Key: key("itp"), Portals: []*portal.Portal{
 		{Key: pk("itp", "x", portal.TCP, portal.IPv4), Port: 81, NodePort: 30081,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.30")}, InternalLocal: true,
-			ClusterEndpoints: eps(8080, 1, 2), LocalEndpoints: eps(8080, 1), Affinity: portal.Affinity{TimeoutSeconds: 300}},
+			ClusterEndpoints: eps(8080, 1, 2), LocalEndpoints: eps(8080, 1), Hairpin: []netip.Addr{podIP(1)}, Affinity: portal.Affinity{TimeoutSeconds: 300}},
 	}}
 	s := snapshot(web, sticky, itp)
 	s.Node.PodExternalIPs = []portal.PodExternalIP{{External: netip.MustParseAddr("203.0.113.50"), Pod: podIP(5), Name: key("pod5")}}

@@ -220,6 +220,9 @@ func TestHugeServiceDoesNotStopOthers(t *testing.T) {
 		return service("web", func(p *portal.Portal) {
 			p.ClusterIPs = []netip.Addr{clusterIP}
 			p.ClusterEndpoints = eps(8080, idx...)
+			for _, i := range idx { // the pods are on this node; pod0 asks
+				p.Hairpin = append(p.Hairpin, podIP(i))
+			}
 		})
 	}
 	// Without the huge Service, for comparison.

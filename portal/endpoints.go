@@ -39,6 +39,9 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 	p.ClusterEndpoints = cluster
 	if p.ExternalLocal || p.InternalLocal {
 		p.LocalEndpoints = local
+	}
+	p.Hairpin = hairpin(cands, p.ClusterEndpoints, p.LocalEndpoints)
+	if p.ExternalLocal || p.InternalLocal {
 		readyAddrs := map[netip.Addr]bool{}
 		for _, c := range cands {
 			if c.local && c.ready {
@@ -47,6 +50,25 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 		}
 		p.LocalReady = len(readyAddrs)
 	}
+}
+
+// hairpin returns the sorted, distinct addresses of the local candidates
+// that are among the chosen endpoints.
+func hairpin(cands []candidate, chosen ...[]netip.AddrPort) []netip.Addr {
+	var out []netip.Addr
+	for _, c := range cands {
+		if !c.local {
+			continue
+		}
+		for _, eps := range chosen {
+			if slices.Contains(eps, c.addr) {
+				out = append(out, c.addr.Addr())
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 func pick(cands []candidate, keep func(candidate) bool) []netip.AddrPort {

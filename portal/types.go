@@ -126,6 +126,11 @@ type Portal struct {
 	// LocalEndpoints are the endpoints on this node, chosen the same way
 	// among local ones; used by Local policies.
 	LocalEndpoints []netip.AddrPort
+	// Hairpin are the addresses of the endpoints on this node among
+	// ClusterEndpoints and LocalEndpoints, sorted: the pods that may reach
+	// themselves through the Service, whose traffic must then be
+	// masqueraded. A pod on another node is translated there, never here.
+	Hairpin []netip.Addr
 	// LocalReady counts the ready endpoints on this node (distinct
 	// addresses): what health-check node ports report. Terminating
 	// endpoints, which LocalEndpoints may fall back to, do not count, so
@@ -149,7 +154,8 @@ func (p *Portal) Equal(q *Portal) bool {
 		slices.Equal(p.LoadBalancerIPs, q.LoadBalancerIPs) &&
 		slices.Equal(p.SourceRanges, q.SourceRanges) &&
 		slices.Equal(p.ClusterEndpoints, q.ClusterEndpoints) &&
-		slices.Equal(p.LocalEndpoints, q.LocalEndpoints)
+		slices.Equal(p.LocalEndpoints, q.LocalEndpoints) &&
+		slices.Equal(p.Hairpin, q.Hairpin)
 }
 
 // HasExternal reports whether the portal can be reached from outside the
