@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -194,14 +196,14 @@ func probeService() *v1.Service {
 // Service carries the traffic.
 func createServices(ctx context.Context, t *testing.T, client kubernetes.Interface, k knobs) {
 	t.Helper()
-	const workers = 48
+	const workers = 16
 	next := make(chan int)
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				if err := createOne(ctx, client, i, k.endpoints); err != nil {
+				if err := retry(ctx, func() error { return createOne(ctx, client, i, k.endpoints) }); err != nil {
 					failed.CompareAndSwap(nil, err)
 				}
 			}
@@ -229,7 +231,7 @@ func createOne(ctx context.Context, client kubernetes.Interface, i, endpoints in
 			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
 		},
 	}
-	if _, err := client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	es := &discoveryv1.EndpointSlice{
@@ -252,6 +254,29 @@ func createOne(ctx context.Context, client kubernetes.Interface, i, endpoints in
 		})
 	}
 	_, err := client.DiscoveryV1().EndpointSlices(svc.Namespace).Create(ctx, es, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil // an earlier try that timed out had made it
+	}
+	return err
+}
+
+// retry runs write until it succeeds, up to 5 times, while the apiserver
+// is busy (timeouts, 429, 5xx): a loaded machine must slow the run down,
+// not fail it.
+func retry(ctx context.Context, write func() error) error {
+	var err error
+	for try := range 5 {
+		if err = write(); err == nil || !(apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
+			apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) ||
+			errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(1<<try) * time.Second):
+		}
+	}
 	return err
 }
 
