@@ -64,8 +64,15 @@ func (h *Hook) Run(ctx context.Context) error {
 	if h.notifier != nil {
 		h.notifier.Start(ctx)
 	}
-	tick := time.NewTicker(250 * time.Millisecond) // liveness expiry is time-driven
-	defer tick.Stop()
+	// Liveness expiry is time-driven, so a node also looks every 250 ms;
+	// the controller tracks no liveness, and every change it acts on comes
+	// with a poke (informer events, leadership).
+	var tick <-chan time.Time
+	if h.role.node() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		tick = t.C
+	}
 	var last string
 	for done := false; !done; {
 		select {
@@ -73,7 +80,10 @@ func (h *Hook) Run(ctx context.Context) error {
 			done = true
 			continue
 		case <-h.wake:
-		case <-tick.C:
+		case <-tick:
+		}
+		if h.standby() {
+			continue
 		}
 		st := h.state()
 		if fp := fingerprint(st); fp == last {
@@ -100,6 +110,18 @@ func (h *Hook) Run(ctx context.Context) error {
 		h.notifier.Wait()
 	}
 	return nil
+}
+
+// standby: a controller that is not the leader has nothing to tell its
+// providers (the webhook sends only from the leader); it computes nothing
+// until it leads (leading pokes).
+func (h *Hook) standby() bool {
+	if h.role != roleController || len(h.extra) > 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.leader
 }
 
 // needsLeader: something of the cluster-wide part is configured.
