@@ -11,4 +11,11 @@
 // Only rightful holders are announced, and a node announces an IP only after
 // its own dataplane has programmed it for every one of them: the agent calls
 // Hook.Programmed after each successful sync.
+//
+// The hook has a cluster-wide part (allocator, Service status, webhook,
+// refusal events; one leader at a time) and a per-node part (providers, the
+// node's liveness Lease). Every agent may run both (New), or they run apart
+// (Config.SeparateController and NewController, for `agent controller`), so
+// that node agents need no right to write Service status or any Lease but
+// their own (role.go).
 package external
