@@ -817,6 +817,7 @@ func (s *churnSvc) portals() *portal.Service {
 				LocalReady:       localReady,
 			}
 			p.ExternalLocal = s.extLocal && p.HasExternal()
+			p.Hairpin = allHairpin(p) // every test pod hangs off this node
 			if s.typ == typeLoadBalancer {
 				for _, r := range s.ranges {
 					if portal.FamilyOf(r.Addr()) == f {

@@ -3,6 +3,7 @@ package nft
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -80,16 +81,31 @@ func eps(port uint16, idx ...int) []netip.AddrPort {
 }
 
 // service is a one-port Service with the given portal fields set on both
-// TCP and UDP.
+// TCP and UDP. Every test pod hangs off the node, so its endpoints are all
+// in the hairpin set unless mut says otherwise.
 func service(name string, mut func(p *portal.Portal)) *portal.Service {
 	key := portal.ServiceKey{Namespace: "default", Name: name}
 	s := &portal.Service{Key: key}
 	for _, proto := range []portal.Protocol{portal.TCP, portal.UDP} {
 		p := &portal.Portal{Key: portal.PortKey{Service: key, Port: "p", Protocol: proto, Family: portal.IPv4}, Port: 80}
 		mut(p)
+		if p.Hairpin == nil {
+			p.Hairpin = allHairpin(p)
+		}
 		s.Portals = append(s.Portals, p)
 	}
 	return s
+}
+
+// allHairpin is the hairpin list of a portal whose endpoints are all on
+// this node: their distinct addresses, sorted, as the builder lists them.
+func allHairpin(p *portal.Portal) []netip.Addr {
+	var out []netip.Addr
+	for _, ep := range slices.Concat(p.ClusterEndpoints, p.LocalEndpoints) {
+		out = append(out, ep.Addr())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // ask sends count requests and returns how often each server answered and
