@@ -39,6 +39,12 @@ fuzz:
 unit:
 	$(GO) test -tags $(GOTAGS) -count=1 ./portal/... ./dataplane/... ./nft/... ./cmd/... ./external/...
 
+# The IPVS tests (and nft's SCTP test) in a qemu VM, as `make test` runs
+# them (root). ONEHOP_VM_RUN=regexp picks tests; ONEHOP_CHURN_SEED and
+# ONEHOP_CHURN_SECONDS replay or lengthen the IPVS churn test (test/vm/doc.go).
+vm:
+	$(GO) test -tags $(GOTAGS) -count=1 -timeout 30m -v ./test/vm/
+
 lint:
 	gofmt -l . | (! grep .) || (echo "gofmt needed on the files above"; exit 1)
 	$(GO) vet -tags $(GOTAGS) ./...

@@ -42,6 +42,13 @@ func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 // Dump and Cleanup (default /run/onehop/ipvs-services.json).
 func WithStateFile(path string) Option { return func(b *Backend) { b.stateFile = path } }
 
+// WithCanaryPeriod sets how often Check runs iptables to see that onehop's
+// jumps and chains are still there (default one minute, kube-proxy's
+// canary cadence). Every iptables command takes the node's xtables lock,
+// which every other iptables user on the node competes for; the other
+// checks are netlink reads and run on every Check. 0 checks every time.
+func WithCanaryPeriod(d time.Duration) Option { return func(b *Backend) { b.canaryPeriod = d } }
+
 // WithDrainTimeout bounds how long a removed TCP/SCTP destination stays at
 // weight 0 while its connections drain (default 2 minutes).
 func WithDrainTimeout(d time.Duration) Option { return func(b *Backend) { b.drainTimeout = d } }
@@ -55,16 +62,25 @@ type Backend struct {
 	log          *slog.Logger
 	stateFile    string
 	drainTimeout time.Duration
+	canaryPeriod time.Duration
 
 	mu        sync.Mutex
 	ipvs      *libipvs.Handle
 	nl        *netlink.Handle
 	ipt       map[portal.Family]*iptables
+	sets      *ipsets                // nil without netfilter netlink
 	applied   *plan                  // what the kernel holds after the last successful sync
 	drains    map[drainKey]time.Time // destinations at weight 0, since when
 	synced    bool
 	needFull  bool
 	nodeAddrs []netip.Addr // NodePort addresses of the last sync
+	// canaryAt is when the iptables chains were last known to be whole
+	// (a sync, or a canary check).
+	canaryAt time.Time
+	// canaries counts the iptables canary checks Check ran.
+	canaries int
+	// stateErr is the last error writing the state file (logged once).
+	stateErr string
 	// v6 turns on the IPv6 chains once an IPv6 Service shows up, so that
 	// IPv4-only clusters pay for one family of iptables commands.
 	v6 bool
@@ -90,7 +106,7 @@ type drainKey struct {
 // iptables binaries, but changes nothing before the first Sync.
 func New(cfg dataplane.Config, opts ...Option) (*Backend, error) {
 	b := &Backend{cfg: cfg, sched: "rr", log: slog.Default(), stateFile: "/run/onehop/ipvs-services.json",
-		drainTimeout: 2 * time.Minute, drains: map[drainKey]time.Time{}}
+		drainTimeout: 2 * time.Minute, canaryPeriod: time.Minute, drains: map[drainKey]time.Time{}}
 	for _, o := range opts {
 		o(b)
 	}
@@ -111,6 +127,9 @@ func New(cfg dataplane.Config, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("ipvs: rtnetlink: %w", err)
 	}
 	b.ipvs, b.nl = h, nh
+	if b.sets, err = openIPSets(); err != nil {
+		b.log.Warn("ipvs: no netfilter netlink; Services with loadBalancerSourceRanges will fail to sync", "err", err)
+	}
 	b.ipt = map[portal.Family]*iptables{}
 	for _, fam := range []portal.Family{portal.IPv4, portal.IPv6} {
 		t, err := newIPTables(fam)
@@ -134,6 +153,9 @@ func (b *Backend) Close() {
 	}
 	if b.nl != nil {
 		b.nl.Close()
+	}
+	if b.sets != nil {
+		b.sets.close()
 	}
 }
 
@@ -220,6 +242,13 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		if have, err = b.readKernel(); err != nil {
 			return st, err
 		}
+		if !b.v6 && !b.synced && b.ipt[portal.IPv6] != nil {
+			// A previous process had IPv6 Services: reconcile (and
+			// remove, if they are gone) its ip6tables rules too.
+			if tr, err := b.ipt[portal.IPv6].snapshot("nat"); err == nil {
+				_, b.v6 = tr[chainPostrouting]
+			}
+		}
 		for fam, t := range b.activeIPT() {
 			tables, err := t.tablesNow()
 			if err != nil {
@@ -242,15 +271,19 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return st, err
 	}
+	msgs, err = b.sets.apply(have, want)
+	st.Messages += msgs
+	if err != nil {
+		return st, err
+	}
 	msgs, err = b.applyRules(have, want, batches)
 	st.Messages += msgs
 	if err != nil {
 		return st, err
 	}
+	st.Messages += b.sets.destroyStale(have, want)
 	if stateChanged {
-		if err := writeState(b.stateFile, whole); err != nil {
-			return st, err
-		}
+		b.saveState(whole)
 	}
 	// Keep the draining destinations in the applied state: they are in the kernel.
 	for dk := range b.drains {
@@ -261,13 +294,16 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		}
 	}
 	b.applied, b.nodeAddrs, b.synced, b.needFull = whole, nodeAddrs, true, false
+	if full {
+		b.canaryAt = time.Now() // the full sync made the chains whole
+	}
 	st.Changed = len(changed)
 	st.Rules = len(whole.Rules)
-	for _, c := range whole.SRChains {
-		st.Rules += len(c.Rules)
-	}
 	for _, v := range whole.Servers {
 		st.Elements += 1 + len(v.Dests)
+	}
+	for _, c := range whole.Sets {
+		st.Elements += len(c.Nets)
 	}
 	b.reapLocked(time.Now())
 	st.Duration = time.Since(start)
@@ -278,7 +314,12 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 // configured ones, or else every global unicast address of the node.
 func (b *Backend) nodePortAddrs(n portal.Node) ([]netip.Addr, error) {
 	if len(n.NodePortAddrs) > 0 {
-		return n.NodePortAddrs, nil
+		out := slices.Clone(n.NodePortAddrs)
+		for i, a := range out {
+			out[i] = a.Unmap()
+		}
+		slices.SortFunc(out, netip.Addr.Compare)
+		return slices.Compact(out), nil
 	}
 	addrs, err := b.nl.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
@@ -346,7 +387,10 @@ func (b *Backend) readKernel() (*plan, error) {
 	for _, a := range vips {
 		pl.VIPs[a] = true
 	}
-	names := readState(b.stateFile)
+	if err := b.sets.read(pl); err != nil {
+		return nil, err
+	}
+	names := b.namesLocked()
 	svcs, err := b.ipvs.GetServices()
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: listing services: %w", err)
@@ -632,9 +676,12 @@ func (b *Backend) Draining() []string {
 	return out
 }
 
-// Check implements dataplane.Dataplane: the dummy interface, the iptables
-// jumps and chains must still be there. It also deletes drained
-// destinations, so that draining is bounded even when no Sync comes.
+// Check implements dataplane.Dataplane: the dummy interface must still be
+// there and up (netlink, every Check), and the iptables jumps and chains
+// (`iptables -C`, at most once per canary period, see WithCanaryPeriod, so
+// that a Check every second does not compete for the xtables lock). It also
+// deletes drained destinations, so that draining is bounded even when no
+// Sync comes.
 func (b *Backend) Check(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -642,6 +689,7 @@ func (b *Backend) Check(ctx context.Context) error {
 		return nil
 	}
 	b.reapLocked(time.Now())
+	b.sets.reap()
 	l, err := b.nl.LinkByName(DummyInterface)
 	if err != nil {
 		return fmt.Errorf("ipvs: %s is gone: %w", DummyInterface, err)
@@ -649,17 +697,22 @@ func (b *Backend) Check(ctx context.Context) error {
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		return fmt.Errorf("ipvs: %s is down", DummyInterface)
 	}
-	for fam, t := range b.activeIPT() {
-		if err := t.checkBase(fam); err != nil {
-			return err
+	if now := time.Now(); b.canaryPeriod <= 0 || now.Sub(b.canaryAt) >= b.canaryPeriod {
+		b.canaries++
+		for fam, t := range b.activeIPT() {
+			if err := t.checkBase(fam); err != nil {
+				return err // canaryAt stays: the next Check looks again
+			}
 		}
+		b.canaryAt = now
 	}
 	return nil
 }
 
 // Cleanup implements dataplane.Dataplane: it removes onehop's IPVS services
 // (those on the dummy's VIPs or recorded in the state file), the dummy
-// interface, onehop's iptables chains and jumps, and the state file.
+// interface, onehop's iptables chains and jumps, its ipsets, and the state
+// file.
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -683,6 +736,9 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 		if err := t.cleanup(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := b.sets.destroyAll(); err != nil { // after the rules that use them
+		errs = append(errs, err)
 	}
 	removeState(b.stateFile)
 	b.applied, b.synced, b.drains = nil, false, map[drainKey]time.Time{}

@@ -18,8 +18,8 @@
 //   - Every cluster, external and load-balancer IP as a /32 (/128) on the
 //     dummy interface onehop-ipvs0, so the kernel delivers their packets
 //     locally, where IPVS takes them.
-//   - iptables, only in chains named ONEHOP-IPVS-* and ONEHOP-SR-*, plus one
-//     jump each from nat POSTROUTING and filter INPUT:
+//   - iptables, only in chains named ONEHOP-IPVS-*, plus one jump each from
+//     nat POSTROUTING and filter INPUT:
 //     ONEHOP-IPVS-POSTROUTING decides masquerade for packets IPVS scheduled
 //     (xt_ipvs match) with the masquerade mark bit: set by default when
 //     ClusterCIDRs are known (or MasqueradeAll), cleared for sources inside the
@@ -27,11 +27,20 @@
 //     cluster CIDR is known (ONEHOP-IPVS-MASQ-EXT), cleared for Local-policy
 //     external entries so the endpoint sees the client (ONEHOP-IPVS-KEEP-SOURCE),
 //     set for an endpoint reaching itself (ONEHOP-IPVS-HAIRPIN); then what is
-//     marked is masqueraded. ONEHOP-IPVS-INPUT sends load-balancer (and,
+//     marked is masqueraded. ONEHOP-IPVS-INPUT drops load-balancer (and,
 //     with SourceRangesOnNodePorts, NodePort) traffic of Services with
-//     loadBalancerSourceRanges to a per-entry ONEHOP-SR-<hash> chain that
-//     returns for allowed sources and drops the rest. Filter INPUT runs
-//     before IPVS's LOCAL_IN hook, so dropped packets never reach IPVS.
+//     loadBalancerSourceRanges whose source is not in the Service's set:
+//     one rule per entry, `-m set ! --match-set ONEHOP-RANGES-<hash> src`,
+//     whatever the number of ranges. Filter INPUT runs before IPVS's
+//     LOCAL_IN hook, so dropped packets never reach IPVS.
+//   - One ipset (hash:net) per Service and family with source ranges,
+//     named ONEHOP-RANGES-<hash of the Service and family>, created,
+//     changed element by element and destroyed over netfilter netlink
+//     (needs the ip_set, ip_set_hash_net and xt_set modules). A change of
+//     ranges adds and deletes only the changed elements; a set no rule uses
+//     any more is destroyed once the kernel has released the rule's
+//     reference. Chains named ONEHOP-SR-* (a chain of rules per entry, from
+//     older versions) are removed by the first full sync.
 //   - No rule for "no endpoints": a virtual server without a usable
 //     destination makes IPVS answer ICMP port unreachable itself, which is
 //     the same reject the nft backend sends (TCP clients get ECONNREFUSED).
@@ -45,7 +54,7 @@
 // sync builds it from the whole snapshot and diffs it against what it reads
 // back from the kernel (IPVS services and destinations, the dummy's
 // addresses, `iptables -S` of onehop's chains compared in iptables'
-// canonical form). An incremental sync replaces only the dirty Services'
+// canonical form, the elements of onehop's ipsets). An incremental sync replaces only the dirty Services'
 // parts (plus Services that lost an entry to another, so a freed entry is
 // taken) and diffs only the keys they had or now have: about 10 us of
 // planning for one change among 10k Services, then the netlink messages and
@@ -65,9 +74,19 @@
 //
 // IPVS keeps no names, so the backend records which Service port each
 // virtual server belongs to in a small state file (WithStateFile, default
-// /run/onehop/ipvs-services.json, rewritten only when it changes). Dump and
-// Cleanup read it; every count, weight and address still comes from the
-// kernel.
+// /run/onehop/ipvs-services.json, rewritten only when it changes). A
+// restarted agent (and `agent dump-rules`, `agent cleanup`) reads it to
+// recognise NodePort virtual servers, which are on node addresses rather
+// than on the dummy interface; deploy/ipvs mounts the host's /run/onehop
+// there, so it outlives the pod and is gone at reboot, like IPVS state.
+// Within one process the names are in memory: a state file that cannot be
+// written is logged once and never fails a sync. Every count, weight and
+// address still comes from the kernel.
+//
+// Drift: Check reads the dummy interface over netlink on every call, and
+// runs `iptables -C` on the jumps only once per canary period
+// (WithCanaryPeriod, default a minute, as kube-proxy's canary), because
+// every iptables command takes the node-wide xtables lock.
 //
 // # Sysctls, and why
 //
@@ -124,6 +143,7 @@
 //   - No-endpoint and Local-without-local-endpoint traffic is rejected with
 //     ICMP port unreachable by IPVS (nft drops the latter).
 //   - iptables rule counts grow with Local-policy external entries,
-//     source-range entries and local endpoints, not with Services; the
-//     nft backend keeps everything in sets and maps.
+//     source-range entries (not with the ranges, which are in ipsets) and
+//     local endpoints, not with Services; the nft backend keeps everything
+//     in sets and maps.
 package ipvs

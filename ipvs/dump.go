@@ -12,13 +12,13 @@ import (
 
 // Dump implements dataplane.Dataplane: it reads the IPVS services onehop
 // owns and their destinations, with counters, from the kernel, and names
-// them from the state file (virtual servers it has no name for are listed
-// under their address). Raw is ipvsadm-like text plus onehop's iptables
-// chains.
+// them from what this process applied and the state file (virtual servers
+// it has no name for are listed under their address). Raw is ipvsadm-like
+// text plus onehop's iptables chains and source-range ipsets.
 func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	names := readState(b.stateFile)
+	names := b.namesLocked()
 	vipList, err := b.dummyAddrs()
 	if err != nil {
 		return nil, err
@@ -127,6 +127,17 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 					fmt.Fprintf(&raw, "-A %s %s\n", c, strings.Join(r, " "))
 				}
 			}
+		}
+	}
+	sets := newPlan()
+	if err := b.sets.read(sets); err != nil {
+		return nil, err
+	}
+	for _, name := range sortedKeys(sets.Sets) {
+		c := sets.Sets[name]
+		fmt.Fprintf(&raw, "\n# %s ipset %s hash:net (%d)\n", c.Family, name, len(c.Nets))
+		for _, p := range c.Nets {
+			fmt.Fprintf(&raw, "%s\n", p)
 		}
 	}
 	d.Raw = raw.String()

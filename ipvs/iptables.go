@@ -182,32 +182,14 @@ func readRules(fam portal.Family, pl *plan, tables map[string]tableRules) {
 }
 
 // applyRules adds the rule differences of every family to its batch and
-// commits it. New SR chains are filled before anything jumps to them;
-// stale ones are deleted after their jumps are gone.
+// commits it. Source-range chains of older versions are deleted after the
+// jumps to them.
 func (b *Backend) applyRules(have, want *plan, batches map[portal.Family]batch) (int, error) {
 	msgs := 0
 	for fam, i := range b.activeIPT() {
 		bt := batches[fam]
 		if bt == nil {
 			bt = batch{}
-		}
-		for _, name := range sortedKeys(want.SRChains) {
-			c := want.SRChains[name]
-			if c.Family != fam {
-				continue
-			}
-			old, ok := have.SRChains[name]
-			if ok && slices.EqualFunc(old.Rules, c.Rules, slices.Equal) {
-				continue
-			}
-			if ok {
-				bt.add("filter", "-F", name)
-			} else {
-				bt.add("filter", "-N", name)
-			}
-			for _, r := range c.Rules {
-				bt.add("filter", append([]string{"-A", name}, r...)...)
-			}
 		}
 		for _, k := range sortedKeys(want.Rules) {
 			r := want.Rules[k]

@@ -76,7 +76,8 @@ const (
 	chainKeepSource  = "ONEHOP-IPVS-KEEP-SOURCE" // nat: Local-policy external entries keep the client address
 	chainHairpin     = "ONEHOP-IPVS-HAIRPIN"     // nat: an endpoint reaching itself through a Service
 	chainInput       = "ONEHOP-IPVS-INPUT"       // filter: source ranges
-	srChainPrefix    = "ONEHOP-SR-"              // filter: one per entry with source ranges
+	srChainPrefix    = "ONEHOP-SR-"              // filter: a chain per entry, from versions before the ipsets; removed
+	rangeSetPrefix   = "ONEHOP-RANGES-"          // ipset hash:net: a Service's source ranges in one family
 	jumpComment      = "onehop-ipvs"
 )
 
@@ -88,8 +89,11 @@ type plan struct {
 	// Rules are the order-independent rules of the per-entry chains
 	// (MASQ-EXT, KEEP-SOURCE, HAIRPIN, INPUT and the SR chains), by key.
 	Rules map[string]rule
-	// SRChains are the per-entry source-range chains with their ordered rules.
+	// SRChains are source-range chains of older versions, read back from
+	// the kernel so that a sync removes them; plans never hold any.
 	SRChains map[string]srChain
+	// Sets are the source-range ipsets (hash:net), by name.
+	Sets map[string]rangeSet
 	// Local endpoints per portal, for Dump's local flag.
 	Local map[string][]string
 	// Conflicts are entries another Service's portal already claimed.
@@ -107,22 +111,31 @@ type plan struct {
 	Losers   map[portal.ServiceKey]bool
 	VIPRefs  map[netip.Addr]int
 	RuleRefs map[string]int
-	SRRefs   map[string]int
+	SetRefs  map[string]int
 }
 
 // part is what one Service contributed to a plan.
 type part struct {
-	Servers  []vsKey
-	VIPs     []netip.Addr
-	Rules    []string
-	SRChains []string
-	Local    []string
+	Servers []vsKey
+	VIPs    []netip.Addr
+	Rules   []string
+	Sets    []string
+	Local   []string
 }
 
 type srChain struct {
 	Family portal.Family
 	Rules  [][]string
 }
+
+// rangeSet is one ipset of source ranges: the sorted, distinct networks
+// (hash:net cannot hold a /0, so it holds the two halves instead).
+type rangeSet struct {
+	Family portal.Family
+	Nets   []netip.Prefix
+}
+
+func (s rangeSet) equal(o rangeSet) bool { return s.Family == o.Family && slices.Equal(s.Nets, o.Nets) }
 
 // planInput is what plan needs besides the snapshot.
 type planInput struct {
@@ -133,8 +146,8 @@ type planInput struct {
 
 func newPlan() *plan {
 	return &plan{Servers: map[vsKey]*virtualServer{}, VIPs: map[netip.Addr]bool{}, Rules: map[string]rule{},
-		SRChains: map[string]srChain{}, Local: map[string][]string{},
-		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SRRefs: map[string]int{}}
+		SRChains: map[string]srChain{}, Sets: map[string]rangeSet{}, Local: map[string][]string{},
+		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SetRefs: map[string]int{}}
 }
 
 // expandDirty adds the Services that lost a conflict to dirty, sorted as
@@ -206,10 +219,10 @@ func (pl *plan) removeService(k portal.ServiceKey) {
 			delete(pl.Rules, r)
 		}
 	}
-	for _, c := range pt.SRChains {
-		if pl.SRRefs[c]--; pl.SRRefs[c] <= 0 {
-			delete(pl.SRRefs, c)
-			delete(pl.SRChains, c)
+	for _, c := range pt.Sets {
+		if pl.SetRefs[c]--; pl.SetRefs[c] <= 0 {
+			delete(pl.SetRefs, c)
+			delete(pl.Sets, c)
 		}
 	}
 	for _, l := range pt.Local {
@@ -252,9 +265,9 @@ func (pl *plan) subset(t *touched) *plan {
 			out.Rules[r] = x
 		}
 	}
-	for c := range t.sr {
-		if x, ok := pl.SRChains[c]; ok {
-			out.SRChains[c] = x
+	for c := range t.sets {
+		if x, ok := pl.Sets[c]; ok {
+			out.Sets[c] = x
 		}
 	}
 	return out
@@ -265,11 +278,11 @@ type touched struct {
 	servers map[vsKey]bool
 	vips    map[netip.Addr]bool
 	rules   map[string]bool
-	sr      map[string]bool
+	sets    map[string]bool
 }
 
 func newTouched() *touched {
-	return &touched{servers: map[vsKey]bool{}, vips: map[netip.Addr]bool{}, rules: map[string]bool{}, sr: map[string]bool{}}
+	return &touched{servers: map[vsKey]bool{}, vips: map[netip.Addr]bool{}, rules: map[string]bool{}, sets: map[string]bool{}}
 }
 
 func (t *touched) addPart(pt *part) {
@@ -285,8 +298,8 @@ func (t *touched) addPart(pt *part) {
 	for _, r := range pt.Rules {
 		t.rules[r] = true
 	}
-	for _, c := range pt.SRChains {
-		t.sr[c] = true
+	for _, c := range pt.Sets {
+		t.sets[c] = true
 	}
 }
 
@@ -393,16 +406,11 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 			pl.addPartRule(rule{fam, "nat", chainMasqExt, concat(match, comment, markSet(mark))}, pt)
 		}
 		if len(p.SourceRanges) > 0 && (e.kind == kindLoadBalancer || (e.kind == kindNodePort && in.Cfg.SourceRangesOnNodePorts)) {
-			var rules [][]string
-			for _, r := range p.SourceRanges {
-				rules = append(rules, []string{"-s", r.Masked().String(), "-j", "RETURN"})
-			}
-			rules = append(rules, []string{"-j", "DROP"})
-			name := srChainName(fam, e.addr, e.port, p.Key.Protocol, rules)
-			pl.SRChains[name] = srChain{Family: fam, Rules: rules}
-			pl.SRRefs[name]++
-			pt.SRChains = append(pt.SRChains, name)
-			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, []string{"-j", name})}, pt)
+			// One set lookup per entry, whatever the number of ranges:
+			// packets from outside the Service's set are dropped.
+			set := pl.addRangeSet(p, pt)
+			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment,
+				[]string{"-m", "set", "!", "--match-set", set, "src", "-j", "DROP"})}, pt)
 		}
 	}
 	// Hairpin: an endpoint on this node reaching itself through the Service
@@ -443,13 +451,54 @@ func concat(parts ...[]string) []string {
 	return out
 }
 
-func srChainName(fam portal.Family, addr netip.Addr, port uint16, proto portal.Protocol, rules [][]string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s %s %d %d", fam, addr, port, proto)
-	for _, r := range rules {
-		fmt.Fprintf(h, " %s", strings.Join(r, " "))
+// addRangeSet adds (or refers again to) the set of p's source ranges and
+// returns its name. It is named for the Service and family, so that a change
+// of ranges is a diff of its elements; a portal of the same Service and
+// family with other ranges (the builder never makes one) gets its own.
+func (pl *plan) addRangeSet(p *portal.Portal, pt *part) string {
+	rs := rangeSet{Family: p.Key.Family}
+	for _, r := range p.SourceRanges {
+		r = r.Masked()
+		if !r.IsValid() || portal.FamilyOf(r.Addr()) != p.Key.Family || r.Addr().Is4In6() {
+			continue // another family's, or not expressible in the set: left out, so not allowed
+		}
+		if r.Bits() == 0 { // hash:net refuses /0: the two halves
+			lo, hi := splitZero(r.Addr().BitLen())
+			rs.Nets = append(rs.Nets, lo, hi)
+			continue
+		}
+		rs.Nets = append(rs.Nets, r)
 	}
-	return srChainPrefix + strings.ToUpper(hex.EncodeToString(h.Sum(nil))[:16])
+	slices.SortFunc(rs.Nets, comparePrefix)
+	rs.Nets = slices.Compact(rs.Nets)
+	name := rangeSetName(p.Key.Service.String(), p.Key.Family)
+	if old, ok := pl.Sets[name]; ok && !old.equal(rs) {
+		name = rangeSetName(p.Key.String(), p.Key.Family)
+	}
+	if !slices.Contains(pt.Sets, name) {
+		pl.Sets[name] = rs
+		pl.SetRefs[name]++
+		pt.Sets = append(pt.Sets, name)
+	}
+	return name
+}
+
+func splitZero(bits int) (netip.Prefix, netip.Prefix) {
+	if bits == 32 {
+		return netip.MustParsePrefix("0.0.0.0/1"), netip.MustParsePrefix("128.0.0.0/1")
+	}
+	return netip.MustParsePrefix("::/1"), netip.MustParsePrefix("8000::/1")
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// rangeSetName is ONEHOP-RANGES- and 16 hex digits (ipset names have at
+// most 31 characters).
+func rangeSetName(owner string, fam portal.Family) string {
+	h := sha256.Sum256([]byte(owner + " " + fam.String()))
+	return rangeSetPrefix + strings.ToUpper(hex.EncodeToString(h[:])[:16])
 }
 
 // postroutingRules is the fixed, ordered content of ONEHOP-IPVS-POSTROUTING:
@@ -515,19 +564,20 @@ func (pl *plan) ruleLines(fam portal.Family) []string {
 		}
 	}
 	slices.Sort(lines)
-	var names []string
-	for name, c := range pl.SRChains {
-		if c.Family == fam {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		for _, r := range pl.SRChains[name].Rules {
-			lines = append(lines, fmt.Sprintf("filter -A %s %s\n", name, strings.Join(r, " ")))
+	for _, name := range sortedKeys(pl.Sets) {
+		if c := pl.Sets[name]; c.Family == fam {
+			lines = append(lines, fmt.Sprintf("ipset %s hash:net %s\n", name, strings.Join(prefixStrings(c.Nets), " ")))
 		}
 	}
 	return lines
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
 }
 
 // renderServers writes virtual servers like `ipvsadm -Ln`, sorted; with

@@ -53,3 +53,35 @@ func writeState(path string, pl *plan) error {
 }
 
 func removeState(path string) { _ = os.Remove(path) }
+
+// saveState writes the state file for pl. A failure (a read-only root
+// filesystem, a full disk) does not fail the sync: the kernel state is
+// already applied, and the names stay in memory (b.applied), which is where
+// this process's full syncs, Dump and Cleanup look first. It is logged once
+// per distinct error, and again when writing works again.
+func (b *Backend) saveState(pl *plan) {
+	err := writeState(b.stateFile, pl)
+	switch {
+	case err != nil && err.Error() != b.stateErr:
+		b.stateErr = err.Error()
+		b.log.Warn("ipvs: cannot write the state file; Service names of virtual servers are kept in memory only, so "+
+			"after a restart, NodePort virtual servers of Services deleted meanwhile are not recognised as onehop's "+
+			"(mount a writable directory there, e.g. a hostPath on /run)", "file", b.stateFile, "err", err)
+	case err == nil && b.stateErr != "":
+		b.stateErr = ""
+		b.log.Info("ipvs: state file written again", "file", b.stateFile)
+	}
+}
+
+// namesLocked labels the virtual servers onehop owns: the state file
+// (which a previous process may have written), overlaid with what this
+// process applied last.
+func (b *Backend) namesLocked() map[string]stateEntry {
+	names := readState(b.stateFile)
+	if b.applied != nil {
+		for k, v := range b.applied.Servers {
+			names[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: b.applied.Local[v.Portal.String()]}
+		}
+	}
+	return names
+}

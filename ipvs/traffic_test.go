@@ -3,8 +3,12 @@ package ipvs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -308,18 +312,115 @@ func TestSourceRanges(t *testing.T) {
 	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
 		t.Errorf("cluster IP of the same port is not restricted: %s", pod)
 	}
+	// The kernel holds the set and the rule in the form a full sync
+	// compares with: nothing to change.
+	if st := b.sync(true, lb("10.0.0.0/8")); st.Messages != 0 {
+		t.Errorf("a second full sync with source ranges sent %d messages", st.Messages)
+	}
+	// 0.0.0.0/0 (which hash:net cannot hold) lets everyone in.
+	b.sync(false, lb("0.0.0.0/0"))
+	if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
+		t.Errorf("with 0.0.0.0/0: %s", pod)
+	}
 	b.sync(false, lb())
 	if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
 		t.Errorf("without source ranges: %s", pod)
 	}
+	if d := b.dump(); strings.Contains(d.Raw, rangeSetPrefix) {
+		t.Errorf("a set left after the ranges went:\n%s", d.Raw)
+	}
+}
+
+// TestSourceRangesScale: a Service's source ranges cost one iptables rule
+// per load-balancer entry and one set lookup, whatever their number. With
+// 1 and with 5000 ranges the rules are the same; the set holds the ranges;
+// changing one range sends a message or two, not the whole list; allowed
+// and refused clients are told apart among 5000 ranges. The time of a
+// connection with each is logged.
+func TestSourceRangesScale(t *testing.T) {
+	n := newTestNet(t, 1)
+	b := n.backend(testCfg)
+	lb := func(count int, client bool) *portal.Service {
+		s := web(1)
+		p := s.Portals[0]
+		p.LoadBalancerIPs = addrs("203.0.113.10", "203.0.113.11")
+		for i := range count {
+			// 10.x.y.0/24 ranges, none of which holds the client.
+			p.SourceRanges = append(p.SourceRanges, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
+		}
+		if client {
+			p.SourceRanges = append(p.SourceRanges, netip.MustParsePrefix(clientIP+"/32"))
+		}
+		return s
+	}
+	inputRules := func() []string {
+		d := b.dump()
+		var out []string
+		for _, l := range strings.Split(d.Raw, "\n") {
+			if strings.HasPrefix(l, "-A "+chainInput+" ") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	// The fastest of 10 connections: the least disturbed by the machine.
+	timeConns := func() time.Duration {
+		best := time.Hour
+		for range 10 {
+			start := time.Now()
+			if pod, _ := n.get(t, n.client, "203.0.113.10:80"); pod != "pod-1" {
+				t.Fatalf("allowed client reached %q", pod)
+			}
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	b.sync(true, lb(0, true))
+	few := inputRules()
+	oneRange := timeConns()
+	st := b.sync(false, lb(5000, true))
+	t.Logf("adding 5000 ranges: %d messages in %v", st.Messages, st.Duration)
+	many := inputRules()
+	if !slices.Equal(few, many) || len(many) != 2 {
+		t.Errorf("iptables rules with 1 range:\n%s\nwith 5001:\n%s\nwant the same two (one per load-balancer IP)", strings.Join(few, "\n"), strings.Join(many, "\n"))
+	}
+	if d := b.dump(); !strings.Contains(d.Raw, "hash:net (5001)") {
+		t.Errorf("the set does not hold 5001 ranges:\n%.2000s", d.Raw)
+	}
+	manyRanges := timeConns()
+	// Once more each way, so that a drift of the machine shows as one.
+	b.sync(false, lb(0, true))
+	oneRange2 := timeConns()
+	b.sync(false, lb(5000, true))
+	manyRanges2 := timeConns()
+	t.Logf("fastest of 10 connections through a load-balancer IP: %v, %v with 1 source range; %v, %v with 5001 (one hash:net lookup either way)",
+		oneRange, oneRange2, manyRanges, manyRanges2)
+	if st := b.sync(false, lb(5001, true)); st.Messages > 2 {
+		t.Errorf("adding one range to 5000 sent %d messages, want 1", st.Messages)
+	}
+	b.sync(false, lb(5000, false))
+	if _, err := n.dial(n.client, "203.0.113.10:80"); err == nil {
+		t.Error("the client outside 5000 ranges got through")
+	}
+	if pod, _ := n.get(t, n.client, vip+":80"); pod != "pod-1" {
+		t.Errorf("cluster IP: %s", pod)
+	}
+	if err := b.do(func(b *Backend) error { return b.Cleanup(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+	left := newPlan()
+	if err := b.do(func(b *Backend) error { return b.sets.read(left) }); err != nil || len(left.Sets) != 0 {
+		t.Errorf("ipsets after Cleanup: %v %v", sortedKeys(left.Sets), err)
+	}
 }
 
 // TestCheckCleanup: Check notices a deleted dummy interface and a deleted
-// jump; a full sync repairs them; Cleanup removes onehop's state and
-// leaves an IPVS service someone else made.
+// jump (with a canary period of 0, every Check runs the iptables canary);
+// a full sync repairs them; Cleanup removes onehop's state and leaves an
+// IPVS service someone else made.
 func TestCheckCleanup(t *testing.T) {
 	n := newTestNet(t, 1)
-	b := n.backend(testCfg)
+	b := n.backend(testCfg, WithCanaryPeriod(0))
 	s := web(1)
 	s.Portals[0].NodePort = 30082
 	b.sync(true, s)
@@ -406,5 +507,88 @@ func TestIPv6(t *testing.T) {
 	}
 	if st := b.sync(true, s); st.Messages != 0 {
 		t.Errorf("second full sync with IPv6 sent %d messages", st.Messages)
+	}
+}
+
+// TestCheckCanaryPeriod: within the canary period Check runs no iptables
+// command (it would take the node's xtables lock), so a deleted jump is
+// noticed only once the period is over; the dummy interface, read over
+// netlink, is checked every time.
+func TestCheckCanaryPeriod(t *testing.T) {
+	n := newTestNet(t, 1)
+	const period = 1500 * time.Millisecond
+	b := n.backend(testCfg, WithCanaryPeriod(period))
+	b.sync(true, web(1))
+	check := func() error { return b.do(func(b *Backend) error { return b.Check(context.Background()) }) }
+	canaries := func() int { b.b.mu.Lock(); defer b.b.mu.Unlock(); return b.b.canaries }
+	if out, err := exec.Command("ip", "netns", "exec", n.node, "iptables", "-t", "nat", "-D", "POSTROUTING",
+		"-m", "comment", "--comment", jumpComment, "-j", chainPostrouting).CombinedOutput(); err != nil {
+		t.Fatalf("deleting the jump: %v\n%s", err, out)
+	}
+	start := time.Now()
+	for range 20 {
+		err := check()
+		if time.Since(start) < period && err != nil {
+			t.Fatalf("Check within the canary period after a full sync: %v", err)
+		}
+	}
+	if time.Since(start) < period && canaries() != 0 {
+		t.Errorf("%d iptables canaries within the period after a full sync, want 0", canaries())
+	}
+	// Once the period is over, the next Check runs the canary and sees it.
+	time.Sleep(time.Until(start.Add(period)))
+	if err := check(); err == nil {
+		t.Error("Check after the canary period missed the deleted jump")
+	}
+	if canaries() != 1 {
+		t.Errorf("%d canaries, want 1", canaries())
+	}
+	// It keeps looking (the failed canary does not count as whole).
+	if err := check(); err == nil {
+		t.Error("the second Check after a failed canary passed")
+	}
+	b.sync(true, web(1))
+	if err := check(); err != nil {
+		t.Errorf("after repair: %v", err)
+	}
+	// The dummy interface is read on every Check.
+	if out, err := exec.Command("ip", "-n", n.node, "link", "del", DummyInterface).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := check(); err == nil {
+		t.Error("Check missed the deleted dummy interface within the canary period")
+	}
+}
+
+// TestStateFileUnwritable: a state file that cannot be written (a
+// read-only root filesystem) fails no sync; the names stay in memory, so a
+// full sync still recognises and removes the NodePort virtual server of a
+// deleted Service, and Dump still names Service ports.
+func TestStateFileUnwritable(t *testing.T) {
+	n := newTestNet(t, 1)
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	b := n.backend(testCfg, WithStateFile(filepath.Join(notDir, "state.json")),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	s := web(1)
+	s.Portals[0].NodePort = 30083
+	b.sync(true, s)
+	b.sync(true, s, svc("other", func(p *portal.Portal) { p.ClusterIPs = addrs("10.96.0.11") }))
+	if d := b.dump(); len(d.Ports) != 2 || d.Ports[1].Service != "test/web:http/tcp/ipv4" {
+		t.Errorf("dump without a state file: %+v", d.Ports)
+	}
+	if got := strings.Count(logs.String(), "cannot write the state file"); got != 1 {
+		t.Errorf("%d warnings about the state file, want 1:\n%s", got, logs.String())
+	}
+	b.sync(true) // every Service gone
+	out, err := exec.Command("ip", "netns", "exec", n.node, "ipvsadm", "-Ln").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ipvsadm: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), ":30083") || strings.Contains(string(out), vip) {
+		t.Errorf("virtual servers left after a full sync without Services:\n%s", out)
 	}
 }

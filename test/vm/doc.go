@@ -17,4 +17,7 @@
 //	ONEHOP_VM_KERNEL=pkg      pin the kernel package (linux-image-6.1.0-…-cloud-amd64)
 //	ONEHOP_VM_IPTABLES=legacy use iptables-legacy in the guest (default nft)
 //	ONEHOP_VM_REQUIRED=1      fail instead of skipping when qemu cannot run
+//	ONEHOP_CHURN_SEED=N, ONEHOP_CHURN_SECONDS=S
+//	                          passed to the guest: replay or lengthen the IPVS
+//	                          churn test (ipvs TestChurn; its seed is printed)
 package vm

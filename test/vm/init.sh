@@ -10,6 +10,7 @@
 #   onehop.run.<name>=<re>   passed as -test.run to /tests/<name> only
 #   onehop.timeout=<dur>     passed as -test.timeout (default 400s)
 #   onehop.args=<a,b,...>    extra test flags, comma separated
+#   onehop.env=<K=V,...>     environment of the test binaries, comma separated
 export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 export ONEHOP_VM=1 HOME=/tmp TMPDIR=/tmp
 mount -t proc proc /proc
@@ -18,6 +19,9 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
 mkdir -p /run/netns
+# Only critical kernel messages on the console: the serial port is slow
+# under emulation, and IPVS logs every connection it has no destination for.
+echo 2 >/proc/sys/kernel/printk
 echo "ONEHOP-VM-BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)s kernel=$(uname -r)"
 for m in $(cat /etc/mods); do
 	modprobe "$m" 2>/dev/null || echo "ONEHOP-VM-WARN modprobe $m failed"
@@ -30,6 +34,7 @@ for o in $(cat /proc/cmdline); do
 	onehop.run=*) run=${o#onehop.run=} ;;
 	onehop.timeout=*) timeout=${o#onehop.timeout=} ;;
 	onehop.args=*) args=$(echo "${o#onehop.args=}" | tr ',' ' ') ;;
+	onehop.env=*) for kv in $(echo "${o#onehop.env=}" | tr ',' ' '); do export "$kv"; done ;;
 	esac
 done
 for t in /tests/*; do

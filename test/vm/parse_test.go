@@ -24,3 +24,10 @@ func TestParseConsole(t *testing.T) {
 		t.Error("a missing DONE marker must be an error")
 	}
 }
+
+func TestGuestEnv(t *testing.T) {
+	got := guestEnv([]string{"PATH=/bin", "ONEHOP_CHURN_SEED=42", "ONEHOP_CHURN_SECONDS=60", "ONEHOP_CHURN_X=a b", "ONEHOP_VM_RUN=x"})
+	if got != "ONEHOP_CHURN_SEED=42,ONEHOP_CHURN_SECONDS=60" {
+		t.Errorf("guestEnv: %q", got)
+	}
+}

@@ -96,7 +96,16 @@ func TestIPVSInVM(t *testing.T) {
 	imaged := time.Now()
 
 	// 3. Boot. No NIC: nothing the guest does can leave the VM.
-	appendLine := "console=ttyS0 panic=-1 quiet " + strings.Join(perBinaryRun, " ")
+	// Each guest binary may use what is left of the deadline (init.sh's
+	// 400 s default is too short on a loaded machine under emulation).
+	guestTimeout := time.Until(deadline) - 30*time.Second
+	if guestTimeout < time.Minute {
+		guestTimeout = time.Minute
+	}
+	appendLine := fmt.Sprintf("console=ttyS0 panic=-1 quiet onehop.timeout=%ds ", int(guestTimeout.Seconds())) + strings.Join(perBinaryRun, " ")
+	if env := guestEnv(os.Environ()); env != "" {
+		appendLine += " onehop.env=" + env
+	}
 	if r := os.Getenv("ONEHOP_VM_RUN"); r != "" {
 		if strings.ContainsAny(r, " \t") {
 			t.Fatalf("ONEHOP_VM_RUN must not contain spaces: %q", r)
@@ -153,6 +162,19 @@ func TestIPVSInVM(t *testing.T) {
 			t.Logf("%s in the guest: %s", name, r.summary())
 		}
 	}
+}
+
+// guestEnv is the host's ONEHOP_CHURN_* variables (the churn tests' seed
+// and length) as init.sh's onehop.env: K=V,K=V. Values with spaces or
+// commas cannot travel on the kernel command line and are left out.
+func guestEnv(environ []string) string {
+	var out []string
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "ONEHOP_CHURN_") && !strings.ContainsAny(kv, " \t,\"") {
+			out = append(out, kv)
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1bc`)

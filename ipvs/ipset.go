@@ -1,0 +1,284 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/portal"
+)
+
+// ipsets holds the netfilter netlink sockets for the source-range sets
+// (ipset hash:net, one per Service and family, see plan.addRangeSet). Sets
+// are created, changed element by element and destroyed over netlink
+// (vishvananda/netlink); they are listed with an own small parser, which
+// reads only what onehop needs and logs nothing about attributes newer
+// kernels add.
+type ipsets struct {
+	h    *netlink.Handle
+	list *nl.SocketHandle
+	// pending are sets to destroy once nothing refers to them any more:
+	// iptables-nft releases a rule's reference after its transaction, a
+	// moment after iptables-restore returns.
+	pending map[string]bool
+}
+
+// openIPSets opens the sockets in the calling thread's network namespace.
+func openIPSets() (*ipsets, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, err
+	}
+	s, err := nl.Subscribe(unix.NETLINK_NETFILTER)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &ipsets{h: h, list: &nl.SocketHandle{Socket: s}, pending: map[string]bool{}}, nil
+}
+
+func (i *ipsets) close() {
+	i.h.Close()
+	i.list.Close()
+}
+
+// guard turns a panic of the netlink library (it asserts its errors are
+// errnos) into an error.
+func guard(what string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("ipvs: ipset %s: %v", what, r)
+		}
+	}()
+	return fn()
+}
+
+// read lists onehop's sets (by name prefix) into pl.Sets. A kernel without
+// ip_set has none.
+func (i *ipsets) read(pl *plan) error {
+	if i == nil {
+		return nil
+	}
+	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|(unix.NFNL_SUBSYS_IPSET<<8), nl.GetIpsetFlags(nl.IPSET_CMD_LIST))
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: i.list}
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	if err != nil {
+		if errors.Is(err, syscall.EPROTONOSUPPORT) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOENT) {
+			return nil // no ip_set in this kernel (nfnetlink knows no such subsystem): no sets
+		}
+		return fmt.Errorf("ipvs: listing ipsets: %w", err)
+	}
+	for _, m := range msgs {
+		name, fam, nets := parseSetMsg(m)
+		if !strings.HasPrefix(name, rangeSetPrefix) {
+			continue
+		}
+		s := pl.Sets[name]
+		s.Family = fam
+		s.Nets = append(s.Nets, nets...) // a large set comes in several messages
+		pl.Sets[name] = s
+	}
+	for name, s := range pl.Sets {
+		slices.SortFunc(s.Nets, comparePrefix)
+		s.Nets = slices.Compact(s.Nets)
+		pl.Sets[name] = s
+	}
+	return nil
+}
+
+// parseSetMsg reads one IPSET_CMD_LIST answer: the set's name, family and
+// the networks of its hash:net elements.
+func parseSetMsg(m []byte) (string, portal.Family, []netip.Prefix) {
+	if len(m) < 4 {
+		return "", 0, nil
+	}
+	var name string
+	fam := portal.IPv4
+	var nets []netip.Prefix
+	for a := range nl.ParseAttributes(m[4:]) {
+		switch a.Type & nl.NLA_TYPE_MASK {
+		case nl.IPSET_ATTR_SETNAME:
+			name = nl.BytesToString(a.Value)
+		case nl.IPSET_ATTR_FAMILY:
+			if len(a.Value) > 0 && a.Value[0] == unix.AF_INET6 {
+				fam = portal.IPv6
+			}
+		case nl.IPSET_ATTR_ADT:
+			for d := range nl.ParseAttributes(a.Value) {
+				if d.Type&nl.NLA_TYPE_MASK != nl.IPSET_ATTR_DATA {
+					continue
+				}
+				var addr netip.Addr
+				bits := -1
+				for e := range nl.ParseAttributes(d.Value) {
+					switch e.Type & nl.NLA_TYPE_MASK {
+					case nl.IPSET_ATTR_IP:
+						for ip := range nl.ParseAttributes(e.Value) {
+							if x, ok := netip.AddrFromSlice(ip.Value); ok {
+								addr = x
+							}
+						}
+					case nl.IPSET_ATTR_CIDR:
+						if len(e.Value) > 0 {
+							bits = int(e.Value[0])
+						}
+					}
+				}
+				if addr.IsValid() {
+					if bits < 0 {
+						bits = addr.BitLen()
+					}
+					if p, err := addr.Prefix(bits); err == nil {
+						nets = append(nets, p)
+					}
+				}
+			}
+		}
+	}
+	return name, fam, nets
+}
+
+func setEntry(p netip.Prefix) *netlink.IPSetEntry {
+	return &netlink.IPSetEntry{IP: net.IP(p.Addr().AsSlice()), CIDR: uint8(p.Bits())}
+}
+
+// apply creates the wanted sets that are missing and changes the others
+// element by element; it runs before the rules that refer to them. It
+// returns the number of netlink messages sent.
+func (i *ipsets) apply(have, want *plan) (int, error) {
+	msgs := 0
+	for _, name := range sortedKeys(want.Sets) {
+		w := want.Sets[name]
+		if i == nil {
+			return msgs, fmt.Errorf("ipvs: loadBalancerSourceRanges need ipsets, but this kernel has no netfilter netlink")
+		}
+		h, ok := have.Sets[name]
+		if ok && h.Family != w.Family {
+			// Not what onehop makes: replace it (no rule of ours uses it).
+			msgs++
+			if err := guard("destroy", func() error { return i.h.IpsetDestroy(name) }); err != nil && !isNoSet(err) {
+				return msgs, fmt.Errorf("ipvs: ipset %s of the wrong family: %w", name, err)
+			}
+			ok = false
+		}
+		if !ok {
+			msgs++
+			fam := uint8(unix.AF_INET)
+			if w.Family == portal.IPv6 {
+				fam = unix.AF_INET6
+			}
+			maxElem := uint32(65536)
+			if n := uint32(len(w.Nets)); n > maxElem/2 {
+				maxElem = 2 * n
+			}
+			if err := guard("create", func() error {
+				return i.h.IpsetCreate(name, "hash:net", netlink.IpsetCreateOptions{Family: fam, MaxElements: maxElem, Replace: true})
+			}); err != nil {
+				return msgs, fmt.Errorf("ipvs: creating ipset %s (needs the ip_set and ip_set_hash_net modules): %w", name, err)
+			}
+			h = rangeSet{Family: w.Family}
+			if i.pending[name] {
+				// Still there from before, waiting to be destroyed: the
+				// create found it, empty it.
+				delete(i.pending, name)
+				msgs++
+				if err := guard("flush", func() error { return i.h.IpsetFlush(name) }); err != nil {
+					return msgs, fmt.Errorf("ipvs: flushing ipset %s: %w", name, err)
+				}
+			}
+		}
+		for _, op := range []struct {
+			what     string
+			in, from []netip.Prefix
+			do       func(string, *netlink.IPSetEntry) error
+		}{{"add", w.Nets, h.Nets, i.h.IpsetAdd}, {"del", h.Nets, w.Nets, i.h.IpsetDel}} {
+			// add: wanted and missing; del: there and not wanted.
+			for _, p := range op.in {
+				if _, found := slices.BinarySearchFunc(op.from, p, comparePrefix); found {
+					continue
+				}
+				msgs++
+				if err := guard(op.what, func() error { return op.do(name, setEntry(p)) }); err != nil && !isExist(err) {
+					return msgs, fmt.Errorf("ipvs: ipset %s %s %s: %w", op.what, name, p, err)
+				}
+			}
+		}
+	}
+	return msgs, nil
+}
+
+// destroyStale destroys the sets have holds and want does not; it runs
+// after the rules that referred to them are gone. A set still referenced
+// (the kernel releases a deleted rule's reference a moment later) is left
+// for reap.
+func (i *ipsets) destroyStale(have, want *plan) int {
+	if i == nil {
+		return 0
+	}
+	for name := range have.Sets {
+		if _, ok := want.Sets[name]; !ok {
+			i.pending[name] = true
+		}
+	}
+	return i.reap()
+}
+
+// reap destroys the pending sets it can; it returns the messages sent.
+func (i *ipsets) reap() int {
+	if i == nil {
+		return 0
+	}
+	msgs := 0
+	for name := range i.pending {
+		msgs++
+		err := guard("destroy", func() error { return i.h.IpsetDestroy(name) })
+		if err == nil || isNoSet(err) {
+			delete(i.pending, name)
+		}
+	}
+	return msgs
+}
+
+// destroyAll destroys every set of onehop's (Cleanup, after the rules are
+// gone), waiting a little for references the kernel still holds.
+func (i *ipsets) destroyAll() error {
+	if i == nil {
+		return nil
+	}
+	pl := newPlan()
+	if err := i.read(pl); err != nil {
+		return err
+	}
+	for name := range pl.Sets {
+		i.pending[name] = true
+	}
+	for try := 0; len(i.pending) > 0 && try < 20; try++ {
+		if try > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		i.reap()
+	}
+	if len(i.pending) > 0 {
+		return fmt.Errorf("ipvs: ipsets still in use: %v", sortedKeys(i.pending))
+	}
+	return nil
+}
+
+// isNoSet: the set does not exist.
+func isNoSet(err error) bool { return errors.Is(err, syscall.ENOENT) }
+
+// isExist: the element is already there (add) or not there (del).
+func isExist(err error) bool {
+	return errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) || errors.Is(err, syscall.EEXIST)
+}
