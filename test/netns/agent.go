@@ -181,3 +181,31 @@ func (c *Cluster) RefusedRequests() []string {
 	}
 	return out
 }
+
+// AgentPeakRSS returns the peak resident set size (VmHWM) of node n's
+// running agent, in bytes.
+func (c *Cluster) AgentPeakRSS(n *Node) (int64, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	want := strings.Join([]string{c.agentBin, "run", "--kubeconfig", n.kubeconfig, "--hostname-override", n.Name}, "\x00")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(string(b), want+"\x00") {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(l); len(f) == 3 && f[0] == "VmHWM:" && f[2] == "kB" {
+				kb, err := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10, err
+			}
+		}
+		return 0, fmt.Errorf("no VmHWM in /proc/%s/status", e.Name())
+	}
+	return 0, fmt.Errorf("no running agent of %s", n.Name)
+}
