@@ -63,6 +63,7 @@ type runFlags struct {
 	conntrack        conntrackConfig
 	oomScoreAdj      int
 	bindHardFail     bool
+	serviceLimits    portal.Limits // the file's serviceLimits; zero fields take portal's defaults
 
 	external json.RawMessage // the config file's external section
 	// explicit holds the flags given on the command line or set by the
@@ -114,6 +115,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 
 // applyFile fills every setting the command line did not set from the file.
 func (f *runFlags) applyFile(fc *fileConfig, set map[string]bool) {
+	f.serviceLimits = fc.ServiceLimits
 	str := func(name string, dst *string, v *string) {
 		if !set[name] && v != nil {
 			*dst = *v
@@ -442,7 +444,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "onehop-agent", Host: node})
 
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
-		ServiceProxyName: f.serviceProxyName}
+		ServiceProxyName: f.serviceProxyName, Limits: f.serviceLimits}
 	var runner *dataplane.Runner
 	tracker := portal.NewTracker(pcfg, panicCounter{&portal.EventReporter{Recorder: recorder, Log: log}, metrics},
 		func() {

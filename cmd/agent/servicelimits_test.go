@@ -19,6 +19,12 @@ func TestServiceLimitsFromTheFile(t *testing.T) {
 	if want := (portal.Limits{Ports: 20000, ExternalIPs: 4}); fc.ServiceLimits != want {
 		t.Errorf("got %+v, want %+v", fc.ServiceLimits, want)
 	}
+	// ... and `agent run` takes them into the model's configuration.
+	var f runFlags
+	f.applyFile(fc, map[string]bool{})
+	if want := (portal.Limits{Ports: 20000, ExternalIPs: 4}); f.serviceLimits != want {
+		t.Errorf("run takes %+v from the file, want %+v", f.serviceLimits, want)
+	}
 	fc, _, err = loadConfigFile(writeConfig(t, head+"dataplane: ipvs\n"))
 	if err != nil {
 		t.Fatal(err)
