@@ -533,6 +533,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}
+		if ec.SeparateController {
+			log.Info("cloud hook: this agent runs the per-node part only; `agent controller` allocates, writes Service status and drives the webhook")
+		}
 		runner.OnApplied(hook.Programmed)
 		if ec.PodExternalIPs {
 			runner.OnApplied(func(snap *portal.Snapshot) {
