@@ -35,22 +35,30 @@ type Hook struct {
 	node string
 	log  *slog.Logger
 
+	// Both parts: the caches the registry reads, and the loop that tells
+	// the providers.
 	factory  informers.SharedInformerFactory
-	leaseInf informers.SharedInformerFactory
 	services cache.SharedIndexInformer
 	slices   cache.SharedIndexInformer
 	nodes    cache.SharedIndexInformer
 	pods     cache.SharedIndexInformer
 	// podsChanged is signalled on every Pod event (PodsChanged).
 	podsChanged chan struct{}
-	broadcast   record.EventBroadcaster
-	rec         record.EventRecorder
 	providers   []Provider
 	extra       []Provider
-	liveness    *liveness
 	wake        chan struct{}
-	notifier    *webhook.Notifier
-	identity    string
+
+	// The per-node part: this node's liveness Lease and its view of the
+	// others'.
+	leaseInf informers.SharedInformerFactory
+	liveness *liveness
+
+	// The cluster-wide part: events (nil on a node agent of a split
+	// install), the webhook sender, and the name it campaigns under.
+	broadcast record.EventBroadcaster
+	rec       record.EventRecorder
+	notifier  *webhook.Notifier
+	identity  string
 
 	// regMu guards the registry, its last answer, and the addresses that
 	// answer reserves (a release lets waiting Services try again).
@@ -65,8 +73,10 @@ type Hook struct {
 	programmed map[served]programmed
 	// podProgrammed are the pod external IPs the dataplane maps.
 	podProgrammed map[netip.Addr]bool
-	leader        bool
-	alloc         *allocator
+	// leader, alloc and reported belong to the cluster-wide part's
+	// leadership term.
+	leader bool
+	alloc  *allocator
 	// reported are the refusals already given an event in this leadership
 	// term.
 	reported map[string]bool
