@@ -35,11 +35,11 @@
 //     LOCAL_IN hook, so dropped packets never reach IPVS.
 //   - One ipset (hash:net) per Service and family with source ranges,
 //     named ONEHOP-RANGES-<hash of the Service and family>, created,
-//     changed element by element and destroyed over netfilter netlink
-//     (needs the ip_set, ip_set_hash_net and xt_set modules). A change of
-//     ranges adds and deletes only the changed elements; a set no rule uses
-//     any more is destroyed once the kernel has released the rule's
-//     reference. Chains named ONEHOP-SR-* (a chain of rules per entry, from
+//     changed and destroyed over netfilter netlink (needs the ip_set,
+//     ip_set_hash_net and xt_set modules). A change of ranges adds and
+//     deletes only the changed elements, up to 1000 in one message; a set
+//     no rule uses any more is destroyed once the kernel has released the
+//     rule's reference. Chains named ONEHOP-SR-* (a chain of rules per entry, from
 //     older versions) are removed by the first full sync.
 //   - No rule for "no endpoints": a virtual server without a usable
 //     destination makes IPVS answer ICMP port unreachable itself, which is

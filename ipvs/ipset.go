@@ -3,7 +3,6 @@ package ipvs
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -149,8 +148,45 @@ func parseSetMsg(m []byte) (string, portal.Family, []netip.Prefix) {
 	return name, fam, nets
 }
 
-func setEntry(p netip.Prefix) *netlink.IPSetEntry {
-	return &netlink.IPSetEntry{IP: net.IP(p.Addr().AsSlice()), CIDR: uint8(p.Bits())}
+// setBatch is how many elements one netlink message adds or deletes
+// (about 28 bytes each), as `ipset restore` batches them.
+const setBatch = 1000
+
+// elements adds (IPSET_CMD_ADD) or deletes (IPSET_CMD_DEL) nets in set
+// name, setBatch to a message; an element already there (add) or already
+// gone (del) is no error. It returns the number of messages sent.
+func (i *ipsets) elements(cmd int, name string, nets []netip.Prefix) (int, error) {
+	msgs := 0
+	for len(nets) > 0 {
+		chunk := nets[:min(len(nets), setBatch)]
+		nets = nets[len(chunk):]
+		req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), nl.GetIpsetFlags(cmd))
+		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: i.list}
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
+		adt := nl.NewRtAttr(nl.IPSET_ATTR_ADT|int(nl.NLA_F_NESTED), nil)
+		for _, p := range chunk {
+			typ := nl.IPSET_ATTR_IPADDR_IPV4
+			if p.Addr().Is6() {
+				typ = nl.IPSET_ATTR_IPADDR_IPV6
+			}
+			ip := nl.NewRtAttr(nl.IPSET_ATTR_IP|int(nl.NLA_F_NESTED), nil)
+			ip.AddChild(nl.NewRtAttr(typ|int(nl.NLA_F_NET_BYTEORDER), p.Addr().AsSlice()))
+			data := nl.NewRtAttr(nl.IPSET_ATTR_DATA|int(nl.NLA_F_NESTED), nil)
+			data.AddChild(ip)
+			data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_CIDR, nl.Uint8Attr(uint8(p.Bits()))))
+			adt.AddChild(data)
+		}
+		req.AddData(adt)
+		// The kernel wants a line number with a batch (for its errors).
+		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_LINENO, nl.Uint32Attr(0)))
+		msgs++
+		if _, err := req.Execute(unix.NETLINK_NETFILTER, 0); err != nil {
+			return msgs, err
+		}
+	}
+	return msgs, nil
 }
 
 // apply creates the wanted sets that are missing and changes the others
@@ -198,21 +234,26 @@ func (i *ipsets) apply(have, want *plan) (int, error) {
 				}
 			}
 		}
-		for _, op := range []struct {
-			what     string
-			in, from []netip.Prefix
-			do       func(string, *netlink.IPSetEntry) error
-		}{{"add", w.Nets, h.Nets, i.h.IpsetAdd}, {"del", h.Nets, w.Nets, i.h.IpsetDel}} {
-			// add: wanted and missing; del: there and not wanted.
-			for _, p := range op.in {
-				if _, found := slices.BinarySearchFunc(op.from, p, comparePrefix); found {
-					continue
-				}
-				msgs++
-				if err := guard(op.what, func() error { return op.do(name, setEntry(p)) }); err != nil && !isExist(err) {
-					return msgs, fmt.Errorf("ipvs: ipset %s %s %s: %w", op.what, name, p, err)
-				}
+		var add, del []netip.Prefix
+		for _, p := range w.Nets {
+			if _, found := slices.BinarySearchFunc(h.Nets, p, comparePrefix); !found {
+				add = append(add, p)
 			}
+		}
+		for _, p := range h.Nets {
+			if _, found := slices.BinarySearchFunc(w.Nets, p, comparePrefix); !found {
+				del = append(del, p)
+			}
+		}
+		n, err := i.elements(nl.IPSET_CMD_ADD, name, add)
+		msgs += n
+		if err != nil {
+			return msgs, fmt.Errorf("ipvs: adding %d ranges to ipset %s: %w", len(add), name, err)
+		}
+		n, err = i.elements(nl.IPSET_CMD_DEL, name, del)
+		msgs += n
+		if err != nil {
+			return msgs, fmt.Errorf("ipvs: removing %d ranges from ipset %s: %w", len(del), name, err)
 		}
 	}
 	return msgs, nil
@@ -277,8 +318,3 @@ func (i *ipsets) destroyAll() error {
 
 // isNoSet: the set does not exist.
 func isNoSet(err error) bool { return errors.Is(err, syscall.ENOENT) }
-
-// isExist: the element is already there (add) or not there (del).
-func isExist(err error) bool {
-	return errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) || errors.Is(err, syscall.EEXIST)
-}

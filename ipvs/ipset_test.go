@@ -12,7 +12,8 @@ import (
 // TestIPSets drives the source-range sets against the kernel's ip_set in a
 // throwaway namespace (no IPVS needed): a set is created with its
 // elements, read back equal, changed by one element with one message, left
-// alone when unchanged, and destroyed when no longer wanted.
+// alone when unchanged, filled with thousands of elements in a few
+// messages, and destroyed when no longer wanted.
 func TestIPSets(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root")
@@ -47,8 +48,8 @@ func TestIPSets(t *testing.T) {
 		}
 		return pl
 	}
-	if n := apply(newPlan(), want); n != 6 {
-		t.Errorf("creating two sets of 3 and 1 elements: %d messages, want 6", n)
+	if n := apply(newPlan(), want); n != 4 {
+		t.Errorf("creating two sets of 3 and 1 elements: %d messages, want 4 (a create and an add each)", n)
 	}
 	got := read()
 	if len(got.Sets) != 2 || !got.Sets[name].equal(want.Sets[name]) || !got.Sets[want6].equal(want.Sets[want6]) {
@@ -64,6 +65,17 @@ func TestIPSets(t *testing.T) {
 	}
 	if got := read(); len(got.Sets) != 1 || !got.Sets[name].equal(next.Sets[name]) {
 		t.Errorf("after the change: %+v", got.Sets)
+	}
+	// Many elements go setBatch to a message.
+	big := newPlan()
+	for i := range 2500 {
+		big.Sets[name] = rangeSet{Family: portal.IPv4, Nets: append(big.Sets[name].Nets, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))}
+	}
+	if n := apply(read(), big); n != 4 {
+		t.Errorf("2500 elements in, 3 out: %d messages, want 3 adds and a delete", n)
+	}
+	if got := read(); !got.Sets[name].equal(big.Sets[name]) {
+		t.Errorf("read back %d elements, want 2500", len(got.Sets[name].Nets))
 	}
 	if err := sets.destroyAll(); err != nil {
 		t.Fatal(err)
