@@ -27,7 +27,10 @@ const DummyInterface = "onehop-ipvs0"
 // Schedulers are the IPVS schedulers the backend accepts.
 var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos"}
 
-const svcFlagPersistent = 0x1 // IP_VS_SVC_F_PERSISTENT
+const (
+	svcFlagPersistent    = 0x1 // IP_VS_SVC_F_PERSISTENT
+	svcFlagSchedFallback = 0x8 // IP_VS_SVC_F_SCHED1: sh-fallback, mh-fallback
+)
 
 // Option configures a Backend.
 type Option func(*Backend)
@@ -427,6 +430,7 @@ func (b *Backend) readServer(s *libipvs.Service) (*virtualServer, error) {
 	}
 	v := &virtualServer{Key: vsKey{Proto: portal.Protocol(s.Protocol), Addr: addr.Unmap(), Port: s.Port}, Sched: s.SchedName,
 		Dests: map[netip.AddrPort]int{}}
+	v.Fallback = s.Flags&svcFlagSchedFallback != 0
 	if s.Flags&svcFlagPersistent != 0 {
 		v.Timeout = s.Timeout
 	}
@@ -474,6 +478,9 @@ func toService(v *virtualServer) *libipvs.Service {
 	}
 	if v.Timeout > 0 {
 		s.Flags, s.Timeout = svcFlagPersistent, v.Timeout
+	}
+	if v.Fallback {
+		s.Flags |= svcFlagSchedFallback
 	}
 	return s
 }

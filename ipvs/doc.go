@@ -67,7 +67,10 @@
 // Graceful termination: a TCP or SCTP destination that leaves the endpoints
 // gets weight 0 (no new connections, established ones keep working) and is
 // deleted once IPVS counts no connection for it, or after the drain timeout
-// (WithDrainTimeout, default 2 minutes). Check and Sync reap. UDP
+// (WithDrainTimeout, default 2 minutes). Check and Sync reap. The hashing
+// schedulers (sh, mh) get IPVS's fallback flag (sh-fallback, mh-fallback):
+// without it, a client whose hash lands on a draining destination is
+// refused for as long as it drains, instead of going to another. UDP
 // destinations are deleted at once (flows have no end; expire_nodest_conn
 // moves them on their next packet). A destination that comes back while
 // draining returns to weight 1.

@@ -73,6 +73,9 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 		if v.Timeout > 0 {
 			fmt.Fprintf(&t, " persistent %d", v.Timeout)
 		}
+		if v.Fallback {
+			t.WriteString(" fallback")
+		}
 		fmt.Fprintf(&t, "  # %s %s conns=%d packets=%d bytes=%d\n", name.Service, name.Kind,
 			s.Stats.Connections, uint64(s.Stats.PacketsIn)+uint64(s.Stats.PacketsOut), s.Stats.BytesIn+s.Stats.BytesOut)
 		ds, err := b.ipvs.GetDestinations(s)

@@ -41,6 +41,10 @@ type virtualServer struct {
 	Sched string
 	// Timeout > 0 means persistent (sessionAffinity: ClientIP) for that many seconds.
 	Timeout uint32
+	// Fallback is set for the hashing schedulers (sh, mh): a client whose
+	// hash picks a destination at weight 0 (draining) goes to another one
+	// instead of being refused.
+	Fallback bool
 	// Dests maps each real server to its weight; 0 is draining.
 	Dests map[netip.AddrPort]int
 
@@ -51,7 +55,7 @@ type virtualServer struct {
 
 // sameService reports whether the service attributes (not the destinations) match.
 func (v *virtualServer) sameService(w *virtualServer) bool {
-	return v.Sched == w.Sched && v.Timeout == w.Timeout
+	return v.Sched == w.Sched && v.Timeout == w.Timeout && v.Fallback == w.Fallback
 }
 
 // rule is one iptables rule in a chain onehop owns. Spec is written in the
@@ -358,7 +362,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		if p.Scheduler != "" {
 			sched = p.Scheduler // onehop.io/scheduler on the Service
 		}
-		pl.Servers[k] = &virtualServer{Key: k, Sched: sched, Timeout: timeout, Dests: d, Portal: p.Key, Kind: kind}
+		pl.Servers[k] = &virtualServer{Key: k, Sched: sched, Timeout: timeout, Fallback: hashing(sched), Dests: d, Portal: p.Key, Kind: kind}
 		pt.Servers = append(pt.Servers, k)
 		return true
 	}
@@ -424,6 +428,12 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		pl.addPartRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}}, pt)
 	}
 }
+
+// hashing reports whether sched picks a destination by hashing the client
+// (source or Maglev hashing). Without the fallback flag they refuse a
+// client whose destination is at weight 0, and a draining destination keeps
+// its share of the hash table until it is deleted.
+func hashing(sched string) bool { return sched == "sh" || sched == "mh" }
 
 func (pl *plan) addRule(r rule) { pl.Rules[r.key()] = r }
 
@@ -595,6 +605,9 @@ func renderServers(servers map[vsKey]*virtualServer, withCounters bool) string {
 		fmt.Fprintf(&b, "%s %s", v.Key, v.Sched)
 		if v.Timeout > 0 {
 			fmt.Fprintf(&b, " persistent %d", v.Timeout)
+		}
+		if v.Fallback {
+			b.WriteString(" fallback")
 		}
 		if v.Portal.Service.Name != "" {
 			fmt.Fprintf(&b, "  # %s %s", v.Portal, v.Kind)

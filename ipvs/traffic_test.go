@@ -3,6 +3,7 @@ package ipvs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -135,6 +136,51 @@ func TestSchedulers(t *testing.T) {
 				t.Errorf("%s: one client must stay on one pod, got %v", sched, seen)
 			}
 		}
+		if err := b.do(func(b *Backend) error { return b.Cleanup(context.Background()) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestHashingDrain: under the hashing schedulers (sh, mh) a client whose
+// pod is draining (weight 0, a connection still open) reaches another pod
+// with its next connection instead of being refused: sh keeps a draining
+// destination's share of its hash table, and without the fallback flag
+// refuses the clients it hashes there.
+func TestHashingDrain(t *testing.T) {
+	n := newTestNet(t, 3)
+	for _, sched := range []string{"sh", "mh"} {
+		b := n.backend(testCfg, WithScheduler(sched))
+		b.sync(true, web(1, 2, 3))
+		if d := b.dump(); !strings.Contains(d.Raw, sched+" fallback") {
+			t.Errorf("%s: no fallback flag:\n%s", sched, d.Raw)
+		}
+		c, err := n.dial(n.client, vip+":80")
+		if err != nil {
+			t.Fatalf("%s: %v", sched, err)
+		}
+		var rest []int
+		for i := 1; i <= 3; i++ {
+			if fmt.Sprintf("pod-%d", i) != c.Pod {
+				rest = append(rest, i)
+			}
+		}
+		b.sync(false, web(rest...)) // c.Pod drains: c keeps it at weight 0
+		for range 3 {
+			nc, err := n.dial(n.client, vip+":80")
+			if err != nil {
+				t.Errorf("%s: a new connection while %s drains: %v", sched, c.Pod, err)
+				break
+			}
+			nc.Close()
+			if nc.Pod == c.Pod {
+				t.Errorf("%s: a new connection went to draining %s", sched, c.Pod)
+			}
+		}
+		if err := c.echo(); err != nil {
+			t.Errorf("%s: the connection to the draining pod: %v", sched, err)
+		}
+		c.Close()
 		if err := b.do(func(b *Backend) error { return b.Cleanup(context.Background()) }); err != nil {
 			t.Fatal(err)
 		}
