@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/portal"
 )
 
 // controllerFlags are `agent controller`'s settings. It reads the same
@@ -78,6 +80,8 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 
 	var ext json.RawMessage
 	var cidrs []string
+	var limits portal.Limits
+	proxyName := ""
 	if f.config != "" {
 		fc, _, err := loadConfigFile(f.config)
 		if err != nil {
@@ -86,6 +90,10 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		ext = fc.External
 		for _, p := range fc.ExternalIPCIDRs {
 			cidrs = append(cidrs, p.String())
+		}
+		limits = fc.ServiceLimits
+		if fc.ServiceProxyName != nil {
+			proxyName = *fc.ServiceProxyName
 		}
 		if !set["kubeconfig"] && fc.Kubeconfig != nil {
 			f.kubeconfig = *fc.Kubeconfig
@@ -125,6 +133,39 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		defer srv.Close()
 	}
 
+	rc, err := clientcmd.BuildConfigFromFlags(f.master, f.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("API server configuration: %w", err)
+	}
+	rc.QPS, rc.Burst = float32(f.qps), f.burst
+	rc.UserAgent = "onehop-controller/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	// With the node agents split off, the Services' problems are told
+	// from here, once (reportServiceProblems).
+	problemsDone := make(chan struct{})
+	if separateController(ext) {
+		pcfg := portal.Config{ServiceProxyName: proxyName, Limits: limits, ExternalIPCIDRs: []netip.Prefix{}}
+		for _, c := range cidrs {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				return fmt.Errorf("external IP CIDR %q: %w", c, err)
+			}
+			pcfg.ExternalIPCIDRs = append(pcfg.ExternalIPCIDRs, p)
+		}
+		go func() {
+			defer close(problemsDone)
+			if err := reportServiceProblems(ctx, client, pcfg, log.With("component", "problems")); err != nil && ctx.Err() == nil {
+				log.Error("reporting the Services' problems stopped", "err", err)
+			}
+		}()
+	} else {
+		close(problemsDone)
+	}
+	defer func() { <-problemsDone }()
+
 	if len(ext) == 0 || string(ext) == "null" {
 		log.Info("onehop controller: the config has no external section; nothing to do", "config", f.config)
 		<-ctx.Done()
@@ -139,16 +180,6 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if !ec.SeparateController {
 		log.Warn("onehop controller: external.separateController is off, so the node agents also campaign for the allocator Lease; set it so that they write nothing cluster-wide")
-	}
-	rc, err := clientcmd.BuildConfigFromFlags(f.master, f.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("API server configuration: %w", err)
-	}
-	rc.QPS, rc.Burst = float32(f.qps), f.burst
-	rc.UserAgent = "onehop-controller/" + version
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
 	}
 	hook, err := external.NewController(ec, client, identity, log)
 	if err != nil {

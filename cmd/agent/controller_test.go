@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/test/cluster"
@@ -25,43 +26,11 @@ import (
 // namespace, writes a LoadBalancer IP to a Service's status, and releases
 // the Lease when it stops.
 func TestControllerCommand(t *testing.T) {
-	if os.Getenv(cluster.EnvBinDir) == "" {
-		t.Skipf("needs a control plane: set %s (make test does)", cluster.EnvBinDir)
-	}
+	admin, conf := controllerSetup(t, "onehop-controller-test", `  pools: [{name: main, addresses: ["192.0.2.10"]}]
+`)
+	const leases = "onehop-leases"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cp, err := cluster.Start(ctx, cluster.Options{}) // loopback of this namespace
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
-	if err := cp.ApplyRBAC(ctx); err != nil {
-		t.Fatal(err)
-	}
-	id, err := cp.PodIdentity(ctx, cluster.AgentNamespace, cluster.ControllerServiceAccount, "onehop-controller-test", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const leases = "onehop-leases"
-	conf := filepath.Join(t.TempDir(), "config.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection:
-  kubeconfig: %s
----
-apiVersion: onehop.io/v1alpha1
-kind: OnehopConfiguration
-external:
-  separateController: true
-  leaseNamespace: %s
-  pools: [{name: main, addresses: ["192.0.2.10"]}]
-`, id.Kubeconfig, leases), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := cp.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	var logs strings.Builder
 	runCtx, stop := context.WithCancel(ctx)
@@ -119,4 +88,50 @@ external:
 	if strings.Contains(strings.ToLower(log), "forbidden") {
 		t.Errorf("the controller was refused a request:\n%s", log)
 	}
+}
+
+// controllerSetup starts a control plane with deploy/base's RBAC and writes
+// a config file for `agent controller` with pod's identity: a split install
+// (separateController, Leases in onehop-leases) plus the lines of extra
+// (indented, inside the external section). It returns the admin client and
+// the file's path.
+func controllerSetup(t *testing.T, pod, extra string) (kubernetes.Interface, string) {
+	t.Helper()
+	if os.Getenv(cluster.EnvBinDir) == "" {
+		t.Skipf("needs a control plane: set %s (make test does)", cluster.EnvBinDir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cp, err := cluster.Start(ctx, cluster.Options{}) // loopback of this namespace
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	if err := cp.ApplyRBAC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cp.PodIdentity(ctx, cluster.AgentNamespace, cluster.ControllerServiceAccount, pod, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+---
+apiVersion: onehop.io/v1alpha1
+kind: OnehopConfiguration
+externalIPCIDRs: [203.0.113.0/24]
+external:
+  separateController: true
+  leaseNamespace: onehop-leases
+%s`, id.Kubeconfig, extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin, conf
 }

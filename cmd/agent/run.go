@@ -446,7 +446,14 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
 		ServiceProxyName: f.serviceProxyName, Limits: f.serviceLimits}
 	var runner *dataplane.Runner
-	tracker := portal.NewTracker(pcfg, panicCounter{&portal.EventReporter{Recorder: recorder, Log: log}, metrics},
+	// A Service's problems are the same on every node: with a controller
+	// it puts them on the Service once (reportServiceProblems), and the
+	// node agents only log them.
+	problems := &portal.EventReporter{Recorder: recorder, Log: log}
+	if separateController(f.external) {
+		problems.Recorder = nil
+	}
+	tracker := portal.NewTracker(pcfg, panicCounter{problems, metrics},
 		func() {
 			if runner != nil {
 				runner.Trigger()
