@@ -20,6 +20,10 @@ import (
 //   - /healthz is /livez plus the node's eligibility: it is also 503 while
 //     the node is unknown, being deleted, or tainted
 //     ToBeDeletedByClusterAutoscaler, so that cloud load balancers drain it.
+//   - /readyz (onehop's own, for the pod's readiness probe) is /livez once
+//     a first sync succeeded, and 503 before. It ignores the node's
+//     eligibility: a node being drained is no reason to hold up a
+//     DaemonSet rollout, which counts not-ready pods as unavailable.
 //
 // Both answer JSON with lastUpdated, currentTime (and nodeEligible on
 // /healthz) and the header X-Content-Type-Options: nosniff. As in
@@ -121,6 +125,13 @@ type healthBody struct {
 	ServerFailures map[string]string `json:"serverFailures,omitempty"`
 }
 
+// synced reports whether a sync has succeeded since the server started.
+func (h *HealthServer) synced() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.lastUpdated.IsZero()
+}
+
 // ServerFailed records that the agent's server what (e.g. "metrics")
 // cannot serve because of err, or serves again (err nil); /healthz shows
 // it.
@@ -168,6 +179,11 @@ func (h *HealthServer) Handler() http.Handler {
 		if m != nil {
 			m.healthz.WithLabelValues(fmt.Sprint(code)).Inc()
 		}
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		body, _, _ := h.state()
+		body.Healthy = body.Healthy && h.synced()
+		writeHealth(w, body)
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
 		body, _, m := h.state()

@@ -245,3 +245,33 @@ func TestHealthRun(t *testing.T) {
 	}
 	t.Logf("second Run: %v", err)
 }
+
+// TestReadyz: the pod is ready once the first sync succeeded, and stays
+// ready while its node is drained (tainted by the autoscaler or being
+// deleted), when /healthz turns 503 for the load balancers; a sync stuck
+// too long makes it unready, as /livez.
+func TestReadyz(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	h := NewHealthServer("unused", time.Second, clock.Now)
+	h.SyncNode(false, false)
+	base := startHealth(t, h)
+	if a := getHealth(t, base+"/readyz"); a.code != http.StatusServiceUnavailable {
+		t.Errorf("before the first sync: /readyz = %d, want 503", a.code)
+	}
+	h.Updated()
+	if a := getHealth(t, base+"/readyz"); a.code != http.StatusOK {
+		t.Errorf("after the first sync: /readyz = %d, want 200", a.code)
+	}
+	h.SyncNode(false, true)
+	if a := getHealth(t, base+"/healthz"); a.code != http.StatusServiceUnavailable {
+		t.Errorf("node tainted: /healthz = %d, want 503", a.code)
+	}
+	if a := getHealth(t, base+"/readyz"); a.code != http.StatusOK {
+		t.Errorf("node tainted: /readyz = %d, want 200 (a drained node must not stall a rollout)", a.code)
+	}
+	h.QueuedUpdate()
+	clock.Advance(3 * time.Second)
+	if a := getHealth(t, base+"/readyz"); a.code != http.StatusServiceUnavailable {
+		t.Errorf("an update queued for 3 sync periods: /readyz = %d, want 503", a.code)
+	}
+}
