@@ -223,6 +223,31 @@ func (l *liveness) alive(node string) bool {
 	return ref.Sub(o.at) < l.duration
 }
 
+// nextChange is the earliest moment a node alive now would be judged dead
+// if no Lease event comes first (its renewal overdue); zero when none can
+// (no other node alive, or the view is frozen). The hook sleeps until
+// then instead of looking at every node several times a second: at 5,000
+// nodes renewing every second the earliest expiry, once the others have
+// renewed, lies a lease duration minus a renew interval ahead.
+func (l *liveness) nextChange() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ref, frozen := l.refLocked(l.now())
+	if frozen {
+		return time.Time{}
+	}
+	var next time.Time
+	for n, o := range l.seen {
+		if n == l.node {
+			continue
+		}
+		if exp := o.at.Add(l.duration); ref.Before(exp) && (next.IsZero() || exp.Before(next)) {
+			next = exp
+		}
+	}
+	return next
+}
+
 // frozen reports whether contact with the apiserver is lost now, and says so
 // once in the log.
 func (l *liveness) frozen() bool {

@@ -64,23 +64,49 @@ func (h *Hook) Run(ctx context.Context) error {
 	if h.notifier != nil {
 		h.notifier.Start(ctx)
 	}
-	// Liveness expiry is time-driven, so a node also looks every 250 ms;
-	// the controller tracks no liveness, and every change it acts on comes
-	// with a poke (informer events, leadership).
-	var tick <-chan time.Time
-	if h.role.node() {
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		tick = t.C
-	}
+	// Every change the hook acts on comes with a poke (informer events,
+	// what the dataplane serves, leadership, a node's first or last Lease)
+	// except one: a node whose Lease renewals stop. For that the hook
+	// sleeps until the earliest moment one could expire (nextChange), not
+	// on a fixed tick, so an idle node computes nothing.
+	// A burst of changes (endpoint churn, every sync of the dataplane) is
+	// looked at once per minInterval: at 10k Services one look costs tens
+	// of milliseconds.
+	const minInterval = 200 * time.Millisecond
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
+	expiry.Stop()
+	throttle := time.NewTimer(time.Hour)
+	defer throttle.Stop()
+	throttle.Stop()
 	var last string
+	var looked time.Time
+	pending := false
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
 			continue
 		case <-h.wake:
-		case <-tick:
+			pending = true
+		case <-expiry.C:
+			pending = true
+		case <-throttle.C:
+		}
+		if !pending {
+			continue
+		}
+		if wait := minInterval - time.Since(looked); wait > 0 {
+			throttle.Reset(wait)
+			continue
+		}
+		pending, looked = false, time.Now()
+		if h.liveness != nil {
+			if next := h.liveness.nextChange(); !next.IsZero() {
+				expiry.Reset(time.Until(next) + time.Millisecond)
+			} else {
+				expiry.Stop()
+			}
 		}
 		if h.standby() {
 			continue
