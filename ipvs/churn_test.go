@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
 	"github.com/onehop/onehop/test/nsutil"
 )
@@ -34,9 +35,11 @@ var (
 // policies, affinity on, off and re-timed, the scheduler annotation, source
 // ranges, endpoints ready, terminating, local and gone, addresses handed
 // from one Service to another, Services deleted and re-created, and the
-// node's NodePort addresses. Batches are synced incrementally with Dirty
-// set; every few batches a full sync, and now and then a new Backend on the
-// same kernel state and state file, as after an agent restart. After every
+// node's NodePort addresses, under one of four backend configurations
+// (churnConfigs, picked by the seed). Batches are synced incrementally
+// with Dirty set; every few batches a full sync, and now and then a new
+// Backend on the same kernel state and state file, as after an agent
+// restart. After every
 // batch:
 //
 //   - the sync did not fail, and Check passes;
@@ -88,8 +91,9 @@ func TestChurn(t *testing.T) {
 	}
 	state := filepath.Join(t.TempDir(), "state.json")
 	opts := []Option{WithStateFile(state), WithDrainTimeout(3 * time.Second)}
-	tb := n.backend(testCfg, opts...)
 	m := newChurnModel(seed)
+	t.Logf("churn config: %s", m.cfgName)
+	tb := n.backend(m.cfg, opts...)
 	ctx := context.Background()
 
 	var batches, mutations, fulls, restarts, probes, failed int
@@ -123,7 +127,7 @@ func TestChurn(t *testing.T) {
 		full := batch%churnFullEvery == 0
 		if batch%churnRestartEvery == 0 {
 			old := tb.b
-			if err := nsutil.Do(tb.ns, func() (err error) { tb.b, err = New(testCfg, opts...); return err }); err != nil {
+			if err := nsutil.Do(tb.ns, func() (err error) { tb.b, err = New(m.cfg, opts...); return err }); err != nil {
 				fail("a new Backend: %v", err)
 			}
 			old.Close()
@@ -227,6 +231,8 @@ type churnSvc struct {
 // portal leaves them once conflicts are resolved.
 type churnModel struct {
 	rng     *rand.Rand
+	cfg     dataplane.Config
+	cfgName string
 	svcs    map[portal.ServiceKey]*churnSvc
 	built   map[portal.ServiceKey]*portal.Service
 	dirty   []portal.ServiceKey
@@ -263,10 +269,24 @@ func newChurnModel(seed uint64) *churnModel {
 		ports:   map[uint16]bool{},
 		npAddrs: []netip.Addr{churnNodeAddrs[0], churnNodeAddrs[1]},
 	}
+	c := churnConfigs[seed%uint64(len(churnConfigs))]
+	m.cfg, m.cfgName = c.cfg, c.name
 	for range churnMaxServices / 2 {
 		m.create()
 	}
 	return m
+}
+
+// churnConfigs are the backend configurations a seed picks from: what is
+// masqueraded, and whether source ranges apply to NodePorts, differ.
+var churnConfigs = []struct {
+	name string
+	cfg  dataplane.Config
+}{
+	{"cluster CIDRs", testCfg},
+	{"no cluster CIDRs", dataplane.Config{}},
+	{"masquerade all", dataplane.Config{ClusterCIDRs: testCfg.ClusterCIDRs, MasqueradeAll: true}},
+	{"source ranges on NodePorts", dataplane.Config{ClusterCIDRs: testCfg.ClusterCIDRs, SourceRangesOnNodePorts: true}},
 }
 
 func (m *churnModel) logf(format string, args ...any) {
@@ -718,6 +738,7 @@ type way struct {
 	svc      *churnSvc
 	external bool // reached from outside: external, LB IP or NodePort
 	lb       bool // load-balancer IP (source ranges apply)
+	nodePort bool
 	eps      []netip.AddrPort
 }
 
@@ -741,7 +762,7 @@ func (m *churnModel) ways() []way {
 				}
 				if p.nodePort != 0 {
 					for _, a := range addrsOf(m.npAddrs, f) {
-						out = append(out, way{key: vsKey{p.proto, a, p.nodePort}, svc: s, external: true, eps: external})
+						out = append(out, way{key: vsKey{p.proto, a, p.nodePort}, svc: s, external: true, nodePort: true, eps: external})
 					}
 				}
 			}
@@ -794,7 +815,7 @@ func (m *churnModel) compare(tb *backend, snap *portal.Snapshot) string {
 	}
 	var nodeAddrs []netip.Addr
 	nodeAddrs = append(nodeAddrs, snap.Node.NodePortAddrs...)
-	want := buildPlan(planInput{Cfg: testCfg, Sched: sched, NodeAddrs: nodeAddrs}, snap.Services)
+	want := buildPlan(planInput{Cfg: m.cfg, Sched: sched, NodeAddrs: nodeAddrs}, snap.Services)
 	if len(want.Conflicts) > 0 {
 		return fmt.Sprintf("the model made conflicting Services: %v", want.Conflicts)
 	}
@@ -912,6 +933,8 @@ type churnProbe struct {
 	addr    string
 	allowed map[string]bool // pod names that may answer
 	denied  bool            // source ranges leave the client out: dropped
+	// keepSource: the pod must see the client's address; else the node's.
+	keepSource bool
 }
 
 func podName(d netip.AddrPort) string {
@@ -938,7 +961,7 @@ func (m *churnModel) probes(n int) []churnProbe {
 			client = netip.MustParseAddr(clientIP6)
 		}
 		p := churnProbe{w: w, addr: netip.AddrPortFrom(w.key.Addr, w.key.Port).String(), allowed: map[string]bool{}}
-		if w.lb {
+		if w.lb || (w.nodePort && w.svc.lb && m.cfg.SourceRangesOnNodePorts) {
 			rs := ofFamily(w.svc.ranges, w.key.family())
 			p.denied = len(rs) > 0 && !slices.ContainsFunc(rs, func(r netip.Prefix) bool { return r.Contains(client) })
 		}
@@ -948,6 +971,10 @@ func (m *churnModel) probes(n int) []churnProbe {
 		for _, d := range w.eps {
 			p.allowed[podName(d)] = true
 		}
+		// The pod sees the client under the Local policy, and on cluster
+		// IPs when nothing masquerades by default.
+		p.keepSource = (w.external && w.svc.extLocal) ||
+			(!w.external && len(m.cfg.ClusterCIDRs) == 0 && !m.cfg.MasqueradeAll)
 		out = append(out, p)
 	}
 	return out
@@ -979,12 +1006,12 @@ func (p churnProbe) run(n *testNet) string {
 		return fmt.Sprintf("%s: %v", what, err)
 	case !p.allowed[pod]:
 		return fmt.Sprintf("%s: answered by %s, not an endpoint", what, pod)
-	case p.w.external && p.w.svc.extLocal:
+	case p.keepSource:
 		if src != clientIP && src != clientIP6 {
-			return fmt.Sprintf("%s: Local policy, but the pod saw %s instead of the client", what, src)
+			return fmt.Sprintf("%s: the pod saw %s instead of the client (Local policy, or nothing to masquerade)", what, src)
 		}
 	case src == clientIP || src == clientIP6:
-		return fmt.Sprintf("%s: the pod saw the client's address under the Cluster policy (not masqueraded)", what)
+		return fmt.Sprintf("%s: the pod saw the client's address, not masqueraded", what)
 	}
 	return ""
 }
