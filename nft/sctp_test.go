@@ -27,9 +27,11 @@ func TestSCTPNextToTCPAndUDP(t *testing.T) {
 	key := portal.ServiceKey{Namespace: "default", Name: "multi"}
 	svc := &portal.Service{Key: key}
 	for _, proto := range []portal.Protocol{portal.TCP, portal.UDP, portal.SCTP} {
-		svc.Portals = append(svc.Portals, &portal.Portal{
+		p := &portal.Portal{
 			Key: portal.PortKey{Service: key, Port: proto.String(), Protocol: proto, Family: portal.IPv4}, Port: 80,
-			ClusterIPs: []netip.Addr{clusterIP}, NodePort: 30080, ClusterEndpoints: eps(8080, 0, 1)})
+			ClusterIPs: []netip.Addr{clusterIP}, NodePort: 30080, ClusterEndpoints: eps(8080, 0, 1)}
+		p.Hairpin = allHairpin(p) // pod0 asks, and may be picked
+		svc.Portals = append(svc.Portals, p)
 	}
 	tp.sync(t, snapshot(svc), true)
 	for _, c := range []struct {
