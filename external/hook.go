@@ -66,6 +66,11 @@ type Hook struct {
 	registry    *registry
 	own         *ownership
 	reservedIPs map[netip.Addr]bool
+	// refused are the Services' external IPs the registry gives to
+	// someone else (nil until it ran over complete listings), and
+	// refusedChanged is signalled when they change (RefusedExternalIPs).
+	refused        map[portal.ServiceKey][]netip.Addr
+	refusedChanged chan struct{}
 
 	mu sync.Mutex
 	// programmed is what this node's dataplane serves, per address and
@@ -116,7 +121,7 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 			return nil, err
 		}
 	}
-	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1),
+	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
 		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p)}
 	h.factory = informers.NewSharedInformerFactory(client, 0)
 	h.services = h.factory.Core().V1().Services().Informer()

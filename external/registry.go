@@ -220,9 +220,12 @@ func (r *registry) resolve(in registryInput) *ownership {
 		}
 	}
 
-	// Load-balancer IPs of other controllers are Service IPs too.
+	// Load-balancer IPs of other controllers are Service IPs too, and so
+	// are those in the status of a Service of ours that no pool holds (set
+	// by hand, or before the pools changed): until the allocator moves
+	// them they are that Service's, not free for anyone's externalIPs.
 	for _, svc := range svcs {
-		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || r.cfg.managed(svc) {
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
 			continue
 		}
 		for _, ip := range statusIPs(svc) {

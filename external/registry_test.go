@@ -1,6 +1,7 @@
 package external
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -208,6 +209,13 @@ func TestExternalIPOwnership(t *testing.T) {
 	}
 	if len(own.external[key("team-b", "later")]) != 0 {
 		t.Errorf("team-b/later holds %v", own.external[key("team-b", "later")])
+	}
+	// What the dataplane must not serve: team-b's claim on E and on the
+	// cluster IP, not the node's address (served in place), not the
+	// address outside the CIDRs (the model refuses it itself).
+	wantRefused := map[portal.ServiceKey][]netip.Addr{key("team-b", "later"): {netip.MustParseAddr("10.96.0.1"), ipE}}
+	if got := own.refusedExternal(); !maps.EqualFunc(got, wantRefused, slices.Equal) {
+		t.Errorf("refused external IPs %v, want %v", got, wantRefused)
 	}
 
 	// An older Service of team-b now lists E too: team-a keeps E.

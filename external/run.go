@@ -47,6 +47,9 @@ func (h *Hook) Run(ctx context.Context) error {
 			return fmt.Errorf("external: cache of %v did not sync", t)
 		}
 	}
+	// One look over the complete listings, even if nothing changes after
+	// them: the registry's first answer (RefusedExternalIPs) comes from it.
+	h.poke()
 	if err := h.startProviders(ctx); err != nil {
 		return err
 	}

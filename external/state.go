@@ -22,9 +22,11 @@ func (h *Hook) resolve() (*ownership, registryInput) {
 			in.pods = append(in.pods, o.(*corev1.Pod))
 		}
 	}
+	synced := h.Synced()
 	h.regMu.Lock()
 	own := h.registry.resolve(in)
 	h.own = own
+	h.noteRefused(own, synced)
 	released := false
 	for ip := range h.reservedIPs {
 		if own.reserved(ip) == "" {

@@ -19,7 +19,7 @@ import (
 // change to it builds.
 func (t *Tracker) build(k ServiceKey, svc *v1.Service) (built *Service, problems []Problem, again []ServiceKey) {
 	perr := Catch(func() {
-		built, problems = t.cfg.Build(svc, sliceList(t.slices[k]))
+		built, problems = t.cfg.Build(t.withoutRefused(k, svc), sliceList(t.slices[k]))
 		if built != nil {
 			problems = append(problems, t.claims.take(built)...)
 		}

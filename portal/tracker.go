@@ -43,6 +43,9 @@ type Tracker struct {
 	// reported are the problems each Service has now and the Reporter was
 	// told of, by reason and message.
 	reported map[ServiceKey]map[problemKey]bool
+	// refusedExt are the external IPs held by someone else, per Service
+	// (SetRefusedExternalIPs).
+	refusedExt map[ServiceKey][]netip.Addr
 }
 
 // problemKey identifies a problem for reporting it once.

@@ -525,7 +525,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 
-	var podIPsReady *atomic.Bool // set when pod external IPs are served
+	var podIPsReady *atomic.Bool  // set when pod external IPs are served
+	var refusedReady *atomic.Bool // set when the registry's refusals are known
 	if len(f.external) > 0 && string(f.external) != "null" {
 		var ec external.Config
 		if err := json.Unmarshal(f.external, &ec); err != nil {
@@ -555,11 +556,16 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 			podIPsReady = &atomic.Bool{}
 			go followPodExternalIPs(ctx, hook, tracker, node, podIPsReady)
 		}
+		refusedReady = &atomic.Bool{}
+		go followRefusedExternalIPs(ctx, hook, tracker, refusedReady)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			if err := hook.Run(ctx); err != nil {
 				log.Error("cloud hook stopped", "err", err)
+				// Without the hook no registry refuses anything: serve
+				// rather than wait for it for ever.
+				refusedReady.Store(true)
 			}
 		}()
 		defer func() { <-done }() // withdraw announcements before exiting
@@ -572,7 +578,11 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	// Pod external IPs are part of the first sync too: without them it
 	// would remove every pod's 1:1 mapping until the Pod informer caught up.
-	synced := func() bool { return informersSynced() && (podIPsReady == nil || podIPsReady.Load()) }
+	// So are the registry's refusals: an external IP another tenant holds
+	// must not be served even for a moment.
+	synced := func() bool {
+		return informersSynced() && (podIPsReady == nil || podIPsReady.Load()) && (refusedReady == nil || refusedReady.Load())
+	}
 	log.Info("onehop agent starting", "version", version, "node", node, "dataplane", dp.Name(),
 		"cluster_cidrs", f.clusterCIDR, "external_ip_cidrs", f.externalIPCIDRs)
 	// The existing ruleset keeps serving until the informers have listed
@@ -607,6 +617,29 @@ func hasTaint(n *v1.Node, key string) bool {
 // every 30 s, in case a change was coalesced away).
 // ready is set once the tracker holds what the hook's complete first
 // listing says.
+// followRefusedExternalIPs keeps the model's list of external IPs that the
+// cloud hook's registry gives to someone else up to date; ready is set once
+// the registry ran over complete listings.
+func followRefusedExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, ready *atomic.Bool) {
+	poll := time.NewTicker(50 * time.Millisecond) // until the registry has run
+	defer poll.Stop()
+	for {
+		if refused, ok := hook.RefusedExternalIPs(); ok {
+			tracker.SetRefusedExternalIPs(refused)
+			if !ready.Load() {
+				ready.Store(true)
+				poll.Stop()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+		case <-hook.RefusedExternalIPsChanged():
+		}
+	}
+}
+
 func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string, ready *atomic.Bool) {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()

@@ -2,10 +2,7 @@ package netns_test
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -25,13 +22,7 @@ import (
 // node, the IP follows it. The router's route stands in for the BGP or L2
 // announcement, which test/external proves separately.
 func TestPodExternalIP(t *testing.T) {
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "onehop.yaml")
-	conf := fmt.Sprintf("apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\nexternal:\n  separateController: true\n  podExternalIPs: true\n  leaseNamespace: onehop-leases\n  externalIPCIDRs: [%q]\n", netns.ExternalCIDR)
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := netns.NewForTest(t, netns.Config{AgentArgs: []string{"--config", cfg}})
+	c := newPodIPCluster(t)
 	ctx := ctxFor(t)
 	ext := netns.ExternalIP(77)
 	first, second := c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]
