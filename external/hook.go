@@ -123,7 +123,7 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 	}
 	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
 		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p)}
-	h.factory = informers.NewSharedInformerFactory(client, 0)
+	h.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(portal.TrimManagedFields))
 	h.services = h.factory.Core().V1().Services().Informer()
 	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
 	h.nodes = h.factory.Core().V1().Nodes().Informer()

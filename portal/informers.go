@@ -58,9 +58,9 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	if err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+	f := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
-	nf := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync,
+	nf := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
 		}))
