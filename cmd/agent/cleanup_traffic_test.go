@@ -106,6 +106,9 @@ func TestMigrationLosesNoRequest(t *testing.T) {
 	if _, err := dp.Sync(context.Background(), snapshot("10.244.0.6:8080"), false); err != nil {
 		t.Fatalf("onehop's sync of the new pod: %v", err)
 	}
+	// The old pod goes once the connections it accepted are done, as a
+	// terminating pod drains: new ones reach the new pod from now on.
+	loop.wait(t, 20, "onehop followed the new pod")
 	oldPod.Close()
 	loop.wait(t, 50, "the pod replaced before kube-proxy's leftovers are removed")
 
