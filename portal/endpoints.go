@@ -55,16 +55,16 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 // hairpin returns the sorted, distinct addresses of the local candidates
 // that are among the chosen endpoints.
 func hairpin(cands []candidate, chosen ...[]netip.AddrPort) []netip.Addr {
+	picked := map[netip.AddrPort]bool{}
+	for _, eps := range chosen {
+		for _, ep := range eps {
+			picked[ep] = true
+		}
+	}
 	var out []netip.Addr
 	for _, c := range cands {
-		if !c.local {
-			continue
-		}
-		for _, eps := range chosen {
-			if slices.Contains(eps, c.addr) {
-				out = append(out, c.addr.Addr())
-				break
-			}
+		if c.local && picked[c.addr] {
+			out = append(out, c.addr.Addr())
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
