@@ -239,12 +239,19 @@ func reuseAddr(_, _ string, c syscall.RawConn) error {
 }
 
 // dialFrom opens a TCP connection from a fixed source port (0: any) inside
-// n and asks the echo server behind it for its name.
+// n and asks the echo server behind it for its name. The client's own stack
+// may still hold that port towards addr in TIME_WAIT from an earlier
+// connection (EADDRNOTAVAIL, allowed again after a second with
+// tcp_tw_reuse): that is waited out, it says nothing of the dataplane.
 func dialFrom(n *nsutil.NS, port int, addr string, timeout time.Duration) (string, error) {
 	var name string
 	err := n.Do(func() error {
 		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{Port: port}, Control: reuseAddr}
 		c, err := d.Dial("tcp", addr)
+		for try := 0; errors.Is(err, syscall.EADDRNOTAVAIL) && try < 30; try++ {
+			time.Sleep(100 * time.Millisecond)
+			c, err = d.Dial("tcp", addr)
+		}
 		if err != nil {
 			return err
 		}
