@@ -19,12 +19,13 @@ FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./cmd/agent:
 build:
 	CGO_ENABLED=0 $(GO) build -tags $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent
 
-# Every test: unit, real-kernel (network namespaces), the IPVS VM and the
-# end-to-end suite on a real kube-apiserver. Needs root; installs the Debian
-# packages it needs and builds the control plane once per machine.
+# Every test: unit, real-kernel (network namespaces), the IPVS VM, the
+# end-to-end suite on a real kube-apiserver and the shipped manifests on
+# real kubelets (test/node). Needs root; installs the Debian packages it
+# needs and builds the Kubernetes binaries once per machine.
 test:
 	@hack/ci-deps.sh
-	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh node)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz
 
 # Every fuzz target for FUZZTIME. A finding fails the run and is saved under

@@ -4,11 +4,14 @@
 # nftables (nft, for debugging output and
 # rule dumps), conntrack (flow-table inspection), procps, util-linux (flock),
 # kmod (modprobe) and iptables (the kube-proxy leftovers that `agent cleanup`
-# removes are made with it). Idempotent: it does nothing, quietly, when everything is
+# removes are made with it); for test/node's real nodes: containerd, runc,
+# containernetworking-plugins, and the userland of its agnhost image (curl,
+# netcat-openbsd, bind9-dnsutils, wget). Idempotent: it does nothing, quietly, when everything is
 # present, and runs `apt-get update` at most once otherwise.
 set -euo pipefail
 
-pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod bird2 iptables)
+pkgs=(iproute2 nftables conntrack procps ca-certificates util-linux kmod bird2 iptables
+	containerd runc containernetworking-plugins curl netcat-openbsd bind9-dnsutils wget)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# controlplane.sh builds the real control-plane binaries the end-to-end tests and
-# the demo run (kube-apiserver, etcd, kubectl) from their Go modules, as pinned
-# in test/tools/go.mod, and prints the directory holding them.
+# controlplane.sh builds the real Kubernetes binaries the end-to-end tests and
+# the demo run, from their Go modules as pinned in test/tools/go.mod, and
+# prints the directory holding them. Sets:
+#   controlplane (default)  kube-apiserver, etcd, kubectl
+#   node                    and kubelet, kube-controller-manager,
+#                           kube-scheduler, kube-proxy, agnhost (test/node)
+#   conformance             and e2e.test ([sig-network] Services, make conformance)
 #
 # The build happens once per machine: binaries land in
 #   ${ONEHOP_CACHE:-/var/cache/onehop}/bin-<hash>
 # where <hash> covers test/tools/go.{mod,sum}, the Go version and the build
-# flags. A later run only checks that the binaries and their stamp are there.
-# Concurrent callers (parallel test packages) serialise on a lock file.
+# flags; a set builds only what the directory lacks. A later run only checks
+# that the binaries and their stamp are there. Concurrent callers (parallel
+# test packages) serialise on a lock file.
 #
-# Usage: hack/controlplane.sh            # prints the bin dir on stdout
+# Usage: hack/controlplane.sh [set]      # prints the bin dir on stdout
 #        ONEHOP_CACHE=/tmp/c hack/controlplane.sh
 # Progress goes to stderr, the directory alone to stdout.
 set -euo pipefail
@@ -36,7 +41,17 @@ stamp="$(
 )"
 hash="$(printf '%s' "${stamp}" | sha256sum | cut -c1-16)"
 bin="${cache}/bin-${hash}"
+want="${1:-controlplane}"
 binaries=(kube-apiserver etcd kubectl)
+case "${want}" in
+controlplane) ;;
+node) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost) ;;
+conformance) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost e2e.test) ;;
+*)
+	echo "controlplane.sh: unknown set ${want} (controlplane, node, conformance)" >&2
+	exit 2
+	;;
+esac
 
 complete() {
 	[[ -f "${bin}/STAMP" ]] && [[ "$(cat "${bin}/STAMP")" == "${stamp}" ]] || return 1
@@ -57,21 +72,34 @@ if complete; then # someone else built it while we waited
 	exit 0
 fi
 
+# A stamp that does not match means other sources: start afresh.
+if [[ -d "${bin}" ]] && [[ "$(cat "${bin}/STAMP" 2>/dev/null)" != "${stamp}" ]]; then
+	rm -rf "${bin}"
+fi
+mkdir -p "${bin}"
 tmp="$(mktemp -d "${cache}/.build-${hash}.XXXXXX")"
 trap 'rm -rf "${tmp}"' EXIT
-echo "controlplane: building kube-apiserver, etcd, kubectl (k8s ${k8s_version}) into ${bin}; the first build takes many minutes" >&2
+build() { # build <binary>: into ${tmp}, then moved in place
+	local b=$1
+	case "${b}" in
+	etcd) go build -trimpath -ldflags="-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3 ;;
+	agnhost) go build -trimpath -ldflags="-s -w" -o "${tmp}/agnhost" k8s.io/kubernetes/test/images/agnhost ;;
+	e2e.test) go test -c -trimpath -ldflags="${ldflags}" -o "${tmp}/e2e.test" k8s.io/kubernetes/test/e2e ;;
+	*) go build -trimpath -ldflags="${ldflags}" -o "${tmp}/${b}" "k8s.io/kubernetes/cmd/${b}" ;;
+	esac
+	mv "${tmp}/${b}" "${bin}/${b}"
+}
 start=$(date +%s)
-(
-	cd "${tools}"
-	export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
-	go build -trimpath -ldflags="${ldflags}" -o "${tmp}/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-	go build -trimpath -ldflags="${ldflags}" -o "${tmp}/kubectl" k8s.io/kubernetes/cmd/kubectl
-	go build -trimpath -ldflags="-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3
-)
-printf '%s' "${stamp}" >"${tmp}/STAMP"
-chmod 755 "${tmp}"
-rm -rf "${bin}"
-mv "${tmp}" "${bin}"
-trap - EXIT
-echo "controlplane: built in $(($(date +%s) - start))s" >&2
+for b in "${binaries[@]}"; do
+	[[ -x "${bin}/${b}" ]] && continue
+	echo "controlplane: building ${b} (k8s ${k8s_version}) into ${bin}; a first build takes minutes" >&2
+	(
+		cd "${tools}"
+		export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+		build "${b}"
+	)
+done
+printf '%s' "${stamp}" >"${bin}/STAMP"
+chmod 755 "${bin}"
+echo "controlplane: ${want} ready in $(($(date +%s) - start))s" >&2
 echo "${bin}"

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +44,11 @@ type Options struct {
 	Dir string
 	// Log receives progress; default slog.Default().
 	Log *slog.Logger
+	// Nodes configures the apiserver for real kubelets and controllers
+	// (test/node): Node and RBAC authorization, NodeRestriction and
+	// ServiceAccount admission, a client certificate for kubelets, and an
+	// audit log of every request (AuditLog).
+	Nodes bool
 }
 
 // ControlPlane is a running etcd + kube-apiserver pair.
@@ -60,6 +66,45 @@ type ControlPlane struct {
 	etcd      *Process
 	apiserver *Process
 	rest      *rest.Config
+	pki       *pki
+}
+
+// AuditLog is the path of the apiserver's audit log (JSON lines, one
+// event per request at Metadata level) when Options.Nodes is set.
+func (cp *ControlPlane) AuditLog() string { return filepath.Join(cp.Dir, "audit.log") }
+
+// CAFile is the path of the cluster CA certificate (PEM).
+func (cp *ControlPlane) CAFile() string { return cp.pki.CACert }
+
+// ServiceAccountKeyFile is the path of the service-account signing key,
+// which kube-controller-manager needs.
+func (cp *ControlPlane) ServiceAccountKeyFile() string { return cp.pki.SAKey }
+
+// WriteKubeconfig writes a kubeconfig for the client identity cn in groups
+// (a certificate signed by the cluster CA) to path, for server (the
+// apiserver's URL when empty).
+func (cp *ControlPlane) WriteKubeconfig(path, server, cn string, groups ...string) error {
+	if server == "" {
+		server = cp.URL
+	}
+	cert, key, err := cp.pki.issue(cn, groups, nil, nil)
+	if err != nil {
+		return err
+	}
+	return writeClientKubeconfig(path, server, cp.pki.caPEM, cert, key)
+}
+
+// IssueServing writes a serving certificate and key for ips, signed by the
+// cluster CA, to certPath and keyPath.
+func (cp *ControlPlane) IssueServing(certPath, keyPath, cn string, ips ...net.IP) error {
+	cert, key, err := cp.pki.issue(cn, nil, ips, []string{cn})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certPath, cert, 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(keyPath, key, 0o600)
 }
 
 // Process is a control-plane process.
@@ -132,6 +177,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 	if err != nil {
 		return cp, fmt.Errorf("generate certificates: %w", err)
 	}
+	cp.pki = p
 	cp.Kubeconfig = filepath.Join(cp.Dir, "admin.kubeconfig")
 	if err := writeKubeconfig(cp.Kubeconfig, cp.URL, p); err != nil {
 		return cp, err
@@ -176,6 +222,24 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
+	}
+	if opts.Nodes {
+		policy := filepath.Join(cp.Dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return cp, err
+		}
+		apiArgs = replaceArgs(apiArgs,
+			"--authorization-mode=Node,RBAC",
+			"--disable-admission-plugins=",
+			"--enable-admission-plugins=NodeRestriction",
+			"--kubelet-client-certificate="+p.AdminCert,
+			"--kubelet-client-key="+p.AdminKey,
+			"--kubelet-preferred-address-types=InternalIP",
+			"--audit-policy-file="+policy,
+			"--audit-log-path="+cp.AuditLog(),
+			"--audit-log-format=json",
+			"--audit-log-mode=blocking",
+		)
 	}
 	if addr.IsLoopback() {
 		// The "kubernetes" Service cannot point at loopback.
@@ -268,6 +332,36 @@ func (cp *ControlPlane) Stop() {
 	if cp.ownDir && cp.Dir != "" {
 		_ = os.RemoveAll(cp.Dir)
 	}
+}
+
+// auditPolicy records every request, without bodies.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+`
+
+// replaceArgs sets each --flag=value in args, replacing an earlier value of
+// the same flag, and drops flags set to the empty value.
+func replaceArgs(args []string, set ...string) []string {
+	out := args[:0:0]
+	flag := func(a string) string { f, _, _ := strings.Cut(a, "="); return f }
+	drop := map[string]bool{}
+	for _, s := range set {
+		drop[flag(s)] = true
+	}
+	for _, a := range args {
+		if !drop[flag(a)] {
+			out = append(out, a)
+		}
+	}
+	for _, s := range set {
+		if !strings.HasSuffix(s, "=") {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func freePort() (int, error) {

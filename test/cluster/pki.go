@@ -23,6 +23,7 @@ type pki struct {
 	SAKey, SAPub            string // service-account signing key pair
 
 	caPEM, adminCertPEM, adminKeyPEM []byte
+	ca                               *keyPair
 }
 
 type keyPair struct {
@@ -128,5 +129,23 @@ func newPKI(dir string, ips []net.IP, dnsNames []string) (*pki, error) {
 		}
 	}
 	p.caPEM, p.adminCertPEM, p.adminKeyPEM = caCert, adminCert, adminKey
+	p.ca = ca
 	return p, nil
+}
+
+// issue signs a certificate for a client identity (cn, groups) or, with
+// ips or dnsNames, a serving pair; it returns PEM cert and key.
+func (p *pki) issue(cn string, groups []string, ips []net.IP, dnsNames []string) (certPEM, keyPEM []byte, err error) {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: groups},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		IPAddresses: ips,
+		DNSNames:    dnsNames,
+	}
+	if len(ips)+len(dnsNames) > 0 {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	}
+	_, certPEM, keyPEM, err = sign(tmpl, p.ca)
+	return certPEM, keyPEM, err
 }
