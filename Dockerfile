@@ -1,15 +1,21 @@
 # onehop agent images. Two targets:
-#   docker build -t onehop/agent:latest .                       # nftables (default, last stage)
-#   docker build -t onehop/agent:latest-ipvs --target ipvs .    # IPVS
+#   docker build -t onehop/agent:v0.1.0 .                       # nftables (default, last stage)
+#   docker build -t onehop/agent:v0.1.0-ipvs --target ipvs .    # IPVS
 # The binary is static (CGO_ENABLED=0). The nftables dataplane talks netlink
-# itself and needs no userspace tool, so its image is distroless/static. The
+# itself and needs no userspace tool, so its image is the binary alone (FROM
+# scratch: no base image to pin or patch; test/node runs this layout on real
+# kubelets). The
 # IPVS dataplane programs masquerade and filter rules with iptables, so its
 # image carries iptables (Debian's, iptables-nft by default; the legacy
 # variant is there too for `agent cleanup --kube-proxy-leftovers`).
 
-ARG GO_VERSION=1.26
+# Base images by tag for development; a release build passes them pinned by
+# digest (a tag can move under a rebuild):
+#   --build-arg GO_IMAGE=golang:1.26@sha256:... --build-arg DEBIAN_IMAGE=debian:bookworm-slim@sha256:...
+ARG GO_IMAGE=golang:1.26
+ARG DEBIAN_IMAGE=debian:bookworm-slim
 
-FROM golang:${GO_VERSION} AS build
+FROM ${GO_IMAGE} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
@@ -19,15 +25,15 @@ RUN CGO_ENABLED=0 GOOS=linux go build -trimpath \
 	-ldflags "-s -w -X main.version=${VERSION}" \
 	-o /out/agent ./cmd/agent
 
-FROM debian:bookworm-slim AS ipvs
+FROM ${DEBIAN_IMAGE} AS ipvs
 RUN apt-get update \
 	&& apt-get install -y --no-install-recommends iptables \
 	&& rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/agent /usr/local/bin/agent
 ENTRYPOINT ["/usr/local/bin/agent"]
 
-# Root (the default user of this image): added capabilities only take
-# effect for root.
-FROM gcr.io/distroless/static-debian12 AS nftables
+# Root (the default user of an image without /etc/passwd): added
+# capabilities only take effect for root.
+FROM scratch AS nftables
 COPY --from=build /out/agent /usr/local/bin/agent
 ENTRYPOINT ["/usr/local/bin/agent"]

@@ -6,6 +6,7 @@
 #   node                    and kubelet, kube-controller-manager,
 #                           kube-scheduler, kube-proxy, agnhost (test/node)
 #   conformance             and e2e.test ([sig-network] Services, make conformance)
+#                           and coredns (test/tools/coredns, the cluster DNS)
 #
 # The build happens once per machine: binaries land in
 #   ${ONEHOP_CACHE:-/var/cache/onehop}/bin-<hash>
@@ -35,7 +36,7 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s
 
 # The stamp names everything that changes the output.
 stamp="$(
-	cat "${tools}/go.mod" "${tools}/go.sum"
+	cat "${tools}/go.mod" "${tools}/go.sum" "${tools}/coredns/go.mod" "${tools}/coredns/go.sum" "${tools}/coredns/main.go"
 	go version
 	echo "ldflags=${ldflags} CGO_ENABLED=0 -trimpath"
 )"
@@ -46,7 +47,7 @@ binaries=(kube-apiserver etcd kubectl)
 case "${want}" in
 controlplane) ;;
 node) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost) ;;
-conformance) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost e2e.test) ;;
+conformance) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost e2e.test coredns) ;;
 *)
 	echo "controlplane.sh: unknown set ${want} (controlplane, node, conformance)" >&2
 	exit 2
@@ -84,6 +85,7 @@ build() { # build <binary>: into ${tmp}, then moved in place
 	case "${b}" in
 	etcd) go build -trimpath -ldflags="-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3 ;;
 	agnhost) go build -trimpath -ldflags="-s -w" -o "${tmp}/agnhost" k8s.io/kubernetes/test/images/agnhost ;;
+	coredns) (cd coredns && go build -trimpath -ldflags="-s -w" -o "${tmp}/coredns" .) ;;
 	e2e.test) go test -c -trimpath -ldflags="${ldflags}" -o "${tmp}/e2e.test" k8s.io/kubernetes/test/e2e ;;
 	*) go build -trimpath -ldflags="${ldflags}" -o "${tmp}/${b}" "k8s.io/kubernetes/cmd/${b}" ;;
 	esac

@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/nsutil"
@@ -117,6 +118,37 @@ func TestWorkloadsAreBounded(t *testing.T) {
 	for _, w := range []string{"DaemonSet/onehop", "Deployment/onehop-controller"} {
 		if !found[w] {
 			t.Errorf("deploy/base has no %s", w)
+		}
+	}
+}
+
+// Both variants name a release tag or a digest for the agent's image, never
+// latest or nothing: a node that pulls a moved tag runs another agent than
+// its neighbours.
+func TestImagesArePinned(t *testing.T) {
+	root := repoRoot(t)
+	for _, dir := range []string{"deploy/base", "deploy/ipvs"} {
+		b, err := os.ReadFile(filepath.Join(root, dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var k struct {
+			Images []struct {
+				Name   string `json:"name"`
+				NewTag string `json:"newTag"`
+				Digest string `json:"digest"`
+			} `json:"images"`
+		}
+		if err := yaml.Unmarshal(b, &k); err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		if len(k.Images) == 0 {
+			t.Errorf("%s/kustomization.yaml sets no image", dir)
+		}
+		for _, img := range k.Images {
+			if img.Digest == "" && (img.NewTag == "" || strings.HasPrefix(img.NewTag, "latest")) {
+				t.Errorf("%s: image %s has tag %q and no digest", dir, img.Name, img.NewTag)
+			}
 		}
 	}
 }

@@ -358,3 +358,9 @@ syncFrequency: 10s
 nodeStatusUpdateFrequency: 4s
 `
 }
+
+// ConformanceBinaries is Binaries with e2e.test and coredns
+// (hack/controlplane.sh conformance).
+func ConformanceBinaries(ctx context.Context) (string, error) {
+	return binaries(ctx, "conformance", "kubelet", "kube-controller-manager", "kube-scheduler", "agnhost", "kube-proxy", "e2e.test", "coredns")
+}

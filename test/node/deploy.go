@@ -21,8 +21,9 @@ import (
 // Overlay writes a kustomization that takes deploy/ (or variant, e.g.
 // "deploy/ipvs") as shipped and changes only what every installation
 // changes: the agent's image and the API server's address in
-// kubeconfig.conf. It returns the overlay's directory, for kubectl -k.
-func (c *Cluster) Overlay(t testing.TB, variant, image string) string {
+// kubeconfig.conf; patches are added as the migration guide adds its own.
+// It returns the overlay's directory, for kubectl -k.
+func (c *Cluster) Overlay(t testing.TB, variant, image string, patches ...map[string]any) string {
 	t.Helper()
 	root, err := cluster.RepoRoot()
 	if err != nil {
@@ -63,7 +64,7 @@ func (c *Cluster) Overlay(t testing.TB, variant, image string) string {
 		"kind":       "Kustomization",
 		"resources":  []string{rel},
 		"images":     []map[string]string{{"name": "onehop/agent", "newName": name, "newTag": tag}},
-		"patches":    []map[string]any{{"target": map[string]string{"kind": "ConfigMap", "name": "onehop"}, "patch": string(patch)}},
+		"patches":    append([]map[string]any{{"target": map[string]string{"kind": "ConfigMap", "name": "onehop"}, "patch": string(patch)}}, patches...),
 	}
 	b, err := yaml.Marshal(k)
 	if err != nil {
@@ -173,4 +174,42 @@ func (c *Cluster) Forbidden(t testing.TB, user string) []AuditEvent {
 		}
 	}
 	return out
+}
+
+// applyTestdata applies testdata/<file> with the API server's placeholder
+// address replaced by the real one.
+func (c *Cluster) applyTestdata(t testing.TB, file string) {
+	t.Helper()
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "test", "node", "testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), file)
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), "https://kube-apiserver.invalid:6443", c.CP.URL)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl(context.Background(), "apply", "-f", path); err != nil {
+		t.Fatalf("kubectl apply -f %s: %v\n%s", file, err, out)
+	}
+}
+
+// DeployKubeProxy runs kube-proxy's DaemonSet (testdata/kube-proxy.yaml,
+// image BuildKubeProxyImage) and waits until it is Ready everywhere.
+func (c *Cluster) DeployKubeProxy(t testing.TB) {
+	t.Helper()
+	c.applyTestdata(t, "kube-proxy.yaml")
+	c.WaitDaemonSet(t, "kube-system", "kube-proxy", 3*time.Minute)
+}
+
+// DeployDNS runs CoreDNS as kube-dns (testdata/coredns.yaml, image
+// BuildCoreDNSImage) and waits until it is available; it needs a Service
+// proxy in place.
+func (c *Cluster) DeployDNS(t testing.TB) {
+	t.Helper()
+	c.applyTestdata(t, "coredns.yaml")
+	c.WaitDeployment(t, "kube-system", "coredns", 3*time.Minute)
 }
