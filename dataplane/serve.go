@@ -91,6 +91,13 @@ func ServeRetrying(ctx context.Context, log *slog.Logger, what, addr string, ret
 	}
 }
 
+// ServeHandler serves handler on ln with the agent's server limits (header,
+// read, write and idle timeouts) until ctx ends: for a server of the
+// agent's that is not a HealthServer or Metrics, as ServeRetrying's serve.
+func ServeHandler(ctx context.Context, ln net.Listener, handler http.Handler, what string) error {
+	return serveHTTP(ctx, ln, nil, handler, what)
+}
+
 // serveHTTP serves handler on ln until ctx is done, then shuts the server
 // down, giving in-flight requests a moment to finish. srv may be nil (the
 // agent's limits, newServer); its Handler is set to handler.

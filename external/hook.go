@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/onehop/onehop/external/webhook"
@@ -59,6 +60,8 @@ type Hook struct {
 	rec       record.EventRecorder
 	notifier  *webhook.Notifier
 	identity  string
+	// watchdog is client-go's leader-election health check (Healthy).
+	watchdog *leaderelection.HealthzAdaptor
 
 	// regMu guards the registry, its last answer, and the addresses that
 	// answer reserves (a release lets waiting Services try again).
@@ -101,6 +104,13 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 	return newHook(cfg, client, r, nodeName, nodeName, log)
 }
 
+// Healthy is nil unless this candidate holds the allocator Lease and has
+// not renewed it for a lease duration past its expiry: a leader stuck in a
+// way only a restart cures. It is client-go's leader-election watchdog, as
+// kube-controller-manager's /healthz uses it; an unreachable API server
+// alone does not fail it (the leader steps down instead).
+func (h *Hook) Healthy() error { return h.watchdog.Check(nil) }
+
 // NewController builds the cluster-wide part of the hook alone, for
 // `agent controller`: identity names this candidate in the allocator Lease
 // (the pod's name). It announces nothing and holds no liveness Lease.
@@ -122,7 +132,8 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 		}
 	}
 	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
-		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p)}
+		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p),
+		watchdog: leaderelection.NewLeaderHealthzAdaptor(p.LeaderLease.Duration.Duration)}
 	h.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(portal.TrimManagedFields))
 	h.services = h.factory.Core().V1().Services().Informer()
 	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()

@@ -38,7 +38,7 @@ func (h *Hook) lead(ctx context.Context) {
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, LeaseDuration: t.Duration.Duration, RenewDeadline: t.RenewDeadline.Duration, RetryPeriod: t.RetryPeriod.Duration,
-			ReleaseOnCancel: true, Name: AllocatorLeaseName,
+			ReleaseOnCancel: true, Name: AllocatorLeaseName, WatchDog: h.watchdog,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: h.leading,
 				OnStoppedLeading: func() {

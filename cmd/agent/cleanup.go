@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/onehop/onehop/dataplane"
 )
@@ -56,7 +57,7 @@ func cleanupOnehop(ctx context.Context, stdout io.Writer, log *slog.Logger) erro
 			log.DebugContext(ctx, "no IPVS in this kernel; nothing of onehop's to remove there")
 			continue
 		}
-		dp, err := newDataplane(name, dataplane.Config{}, "", log)
+		dp, err := newDataplane(name, dataplane.Config{}, "", time.Minute, log)
 		if err != nil {
 			return err
 		}

@@ -12,11 +12,12 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"time"
+	"sync/atomic"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/portal"
 )
@@ -122,15 +123,24 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	identity = strings.TrimSpace(identity)
 
+	// /healthz: ok until the hook exists, then the hook's leader-election
+	// watchdog (a leader that stopped renewing is restarted by the
+	// liveness probe). Served with the agent's server limits, and bound
+	// again every few seconds while the port is taken.
+	var healthy atomic.Pointer[func() error]
 	if f.healthzAddr != "" {
-		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", f.healthzAddr)
-		if err != nil {
-			return fmt.Errorf("--healthz-bind-address: %w", err)
-		}
-		srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
+		handler := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if check := healthy.Load(); check != nil {
+				if err := (*check)(); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+			}
+			_, _ = io.WriteString(w, "ok")
+		})
+		go dataplane.ServeRetrying(ctx, log, "healthz", f.healthzAddr, 0, func(ctx context.Context, ln net.Listener) error {
+			return dataplane.ServeHandler(ctx, ln, handler, "healthz")
+		}, nil)
 	}
 
 	rc, err := clientcmd.BuildConfigFromFlags(f.master, f.kubeconfig)
@@ -185,6 +195,8 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: external section: %w", f.config, err)
 	}
+	check := hook.Healthy
+	healthy.Store(&check)
 	log.Info("onehop controller starting", "version", version, "identity", identity)
 	return hook.Run(ctx)
 }

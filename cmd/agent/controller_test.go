@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,8 +38,14 @@ func TestControllerCommand(t *testing.T) {
 	var logs strings.Builder
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthz := ln.Addr().String()
+	ln.Close()
 	go func() {
-		done <- controllerCmd(runCtx, []string{"--config", conf, "--identity", "ctl-a", "--healthz-bind-address", ""}, &logs)
+		done <- controllerCmd(runCtx, []string{"--config", conf, "--identity", "ctl-a", "--healthz-bind-address", healthz}, &logs)
 	}()
 	// end stops the controller (once) and returns its log and error.
 	var runErr error
@@ -75,6 +84,16 @@ func TestControllerCommand(t *testing.T) {
 	l, err := admin.CoordinationV1().Leases(leases).Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != "ctl-a" {
 		t.Fatalf("leader Lease %s/%s: %+v, %v; want held by ctl-a", leases, external.AllocatorLeaseName, l, err)
+	}
+	// The leader, renewing its Lease, is healthy.
+	resp, err := http.Get("http://" + healthz + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+		t.Errorf("/healthz of the leader: %d %q", resp.StatusCode, body)
 	}
 
 	log := end()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/onehop/onehop/dataplane"
 )
@@ -20,7 +21,7 @@ func dumpCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	dp, err := newDataplane(*dpName, dataplane.Config{}, "", slog.New(slog.NewTextHandler(stderr, nil)))
+	dp, err := newDataplane(*dpName, dataplane.Config{}, "", time.Minute, slog.New(slog.NewTextHandler(stderr, nil)))
 	if err != nil {
 		return err
 	}

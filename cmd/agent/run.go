@@ -50,6 +50,7 @@ type runFlags struct {
 	metricsAddr      string
 	dataplane        string
 	ipvsScheduler    string
+	ipvsCanaryPeriod time.Duration
 	serviceProxyName string
 	srcRangesOnNP    bool
 	profiling        bool
@@ -92,6 +93,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty disables")
 	fs.StringVar(&f.dataplane, "dataplane", "nft", "the dataplane: nft or ipvs")
 	fs.StringVar(&f.ipvsScheduler, "ipvs-scheduler", "rr", "the IPVS scheduler (ipvs dataplane)")
+	fs.DurationVar(&f.ipvsCanaryPeriod, "ipvs-canary-period", time.Minute, "how often the drift check runs iptables to see onehop's rules are there (ipvs dataplane; kube-proxy's canary cadence; 0: at every check); IPVS state itself is checked over netlink at every check")
 	fs.StringVar(&f.serviceProxyName, "service-proxy-name", "", "serve only Services labelled service.kubernetes.io/service-proxy-name with this value")
 	fs.BoolVar(&f.srcRangesOnNP, "source-ranges-on-nodeports", false, "apply loadBalancerSourceRanges to NodePorts too")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof on the metrics address")
@@ -401,7 +403,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 
 	dpCfg := dataplane.Config{ClusterCIDRs: localCIDRs, ServiceCIDRs: serviceCIDRs, MasqueradeAll: f.masqueradeAll,
 		MasqueradeBit: uint(f.masqueradeBit), SourceRangesOnNodePorts: f.srcRangesOnNP}
-	dp, err := newDataplane(f.dataplane, dpCfg, f.ipvsScheduler, log)
+	dp, err := newDataplane(f.dataplane, dpCfg, f.ipvsScheduler, f.ipvsCanaryPeriod, log)
 	if err != nil {
 		return err
 	}
