@@ -14,7 +14,7 @@ FUZZTIME  ?= 20s
 FUZZMINIMIZETIME ?= 2s
 FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./cmd/agent:FuzzConfigFile ./external:FuzzConfig
 
-.PHONY: build test unit lint bench bench-e2e fuzz
+.PHONY: build test unit lint bench bench-e2e fuzz conformance
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent
@@ -25,7 +25,7 @@ build:
 # needs and builds the Kubernetes binaries once per machine.
 test:
 	@hack/ci-deps.sh
-	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh node)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh conformance)" $(GO) test -tags $(GOTAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz
 
 # Every fuzz target for FUZZTIME. A finding fails the run and is saved under
@@ -35,6 +35,16 @@ fuzz:
 		echo "fuzz $${t%%:*} $${t##*:} for $(FUZZTIME)"; \
 		$(GO) test -tags $(GOTAGS) -run '^$$' -fuzz "^$${t##*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $${t%%:*}; \
 	done
+
+# Upstream Kubernetes's e2e `[sig-network] Services` (every test this
+# machine can run; `make test` runs the [Conformance] ones) on two real
+# kubelets with onehop's shipped DaemonSet (root; test/node).
+# CONFORMANCE_PROXY=kube-proxy runs them with kube-proxy, for comparison.
+CONFORMANCE_PROXY ?= onehop
+conformance:
+	@hack/ci-deps.sh
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh conformance)" ONEHOP_CONFORMANCE=all ONEHOP_CONFORMANCE_PROXY=$(CONFORMANCE_PROXY) \
+		$(GO) test -tags $(GOTAGS) -count=1 -timeout 80m -v -run '^TestConformance$$' ./test/node/
 
 # Unit and real-kernel tests only (no control plane, no VM).
 unit:

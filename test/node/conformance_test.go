@@ -1,0 +1,194 @@
+package node_test
+
+import (
+	"context"
+	"encoding/xml"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/test/node"
+	"github.com/onehop/onehop/test/nsutil"
+)
+
+// EnvConformance picks what TestConformance runs of upstream Kubernetes's
+// e2e suite, `[sig-network] Services`: "conformance" (the default: its
+// [Conformance] tests), "all" (every test this machine can run: make
+// conformance), or "off".
+const EnvConformance = "ONEHOP_CONFORMANCE"
+
+// EnvConformanceProxy runs the suite with kube-proxy (built from its Go
+// module, nftables mode) in onehop's place, for comparison: "kube-proxy".
+const EnvConformanceProxy = "ONEHOP_CONFORMANCE_PROXY"
+
+// conformanceSkips are the tests of `[sig-network] Services` that do not run
+// here, and why. TestConformance fails on any other failure.
+var conformanceSkips = []struct{ pattern, why string }{
+	{`\[Disruptive\]`, "restarts the API server or kube-proxy over SSH, which this harness does not offer"},
+	{`SCTP`, "the host kernel has no SCTP (the IPVS VM covers onehop's SCTP)"},
+	{`via ExternalIP when the external IP is not assigned to a node`, "onehop refuses spec.externalIPs outside externalIPCIDRs, which the shipped configuration leaves empty (deny by default: docs/migration.md)"},
+}
+
+// Upstream Kubernetes's own Service tests (e2e.test built from
+// k8s.io/kubernetes at the apiserver's version) against two real nodes
+// running onehop's shipped DaemonSet and CoreDNS.
+func TestConformance(t *testing.T) {
+	mode := os.Getenv(EnvConformance)
+	if mode == "" {
+		mode = "conformance"
+	}
+	if mode == "off" {
+		t.Skipf("skipping: %s=off", EnvConformance)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 75*time.Minute)
+	defer cancel()
+	bin, err := node.ConformanceBinaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	images := []string{filepath.Join(dir, "agnhost.tar"), filepath.Join(dir, "agent.tar"), filepath.Join(dir, "coredns.tar"), filepath.Join(dir, "kube-proxy.tar")}
+	if err := node.BuildAgnhostImage(bin, images[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.BuildAgentImage(ctx, "onehop.test/agent:v1", images[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.BuildCoreDNSImage(bin, images[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.BuildKubeProxyImage(bin, images[3]); err != nil {
+		t.Fatal(err)
+	}
+	c := node.Start(t, node.Options{Nodes: 2, Images: images})
+	proxy := os.Getenv(EnvConformanceProxy)
+	switch proxy {
+	case "", "onehop":
+		proxy = "onehop"
+		if out, err := c.Kubectl(ctx, "apply", "-k", c.Overlay(t, "deploy", "onehop.test/agent:v1")); err != nil {
+			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+		}
+		c.WaitDaemonSet(t, "kube-system", "onehop", 3*time.Minute)
+		c.WaitDeployment(t, "kube-system", "onehop-controller", 3*time.Minute)
+	case "kube-proxy":
+		c.DeployKubeProxy(t)
+	default:
+		t.Fatalf("%s=%q: onehop or kube-proxy", EnvConformanceProxy, proxy)
+	}
+	c.DeployDNS(t)
+
+	focus := `\[sig-network\] Services`
+	if mode == "conformance" {
+		focus = `\[sig-network\] Services .*\[Conformance\]`
+	}
+	var skips []string
+	for _, s := range conformanceSkips {
+		skips = append(skips, s.pattern)
+	}
+	reports := filepath.Join(dir, "reports")
+	logPath := filepath.Join(dir, "e2e.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	began := time.Now()
+	cmd := nsutil.Command(ctx, c.Netns, filepath.Join(bin, "e2e.test"),
+		"--kubeconfig="+c.CP.Kubeconfig,
+		"--provider=skeleton",
+		"--num-nodes=2",
+		"--report-dir="+reports,
+		"--e2e-output-dir="+filepath.Join(dir, "output"),
+		"--ginkgo.focus="+focus,
+		"--ginkgo.skip="+strings.Join(skips, "|"),
+		"--ginkgo.timeout=70m",
+		"--ginkgo.no-color",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	runErr := cmd.Run()
+	took := time.Since(began).Round(time.Second)
+	suite, err := readJUnit(reports)
+	if err != nil {
+		t.Fatalf("e2e.test (%v) left no report: %v; log %s:\n%s", runErr, err, logPath, tail(logPath, 6000))
+	}
+	var passed, failed, skipped []string
+	for _, tc := range suite.Cases {
+		switch {
+		case tc.Skipped != nil:
+			skipped = append(skipped, tc.Name)
+		case tc.Failure != nil || tc.Error != nil:
+			failed = append(failed, tc.Name)
+		default:
+			passed = append(passed, tc.Name)
+		}
+	}
+	sort.Strings(passed)
+	sort.Strings(failed)
+	t.Logf("[sig-network] Services with %s (%s): %d passed, %d failed, %d not run in %v", proxy, mode, len(passed), len(failed), len(skipped), took)
+	for _, n := range passed {
+		t.Logf("  passed: %s", n)
+	}
+	for _, s := range conformanceSkips {
+		t.Logf("  skipped %s: %s", s.pattern, s.why)
+	}
+	if len(failed) > 0 {
+		for _, n := range failed {
+			t.Errorf("  failed: %s", n)
+		}
+		t.Logf("e2e log %s (tail):\n%s", logPath, tail(logPath, 20000))
+	}
+	if len(passed) == 0 {
+		t.Errorf("no test ran (e2e.test: %v); log:\n%s", runErr, tail(logPath, 6000))
+	}
+	if runErr != nil && len(failed) == 0 {
+		t.Errorf("e2e.test: %v with no failed test; log:\n%s", runErr, tail(logPath, 6000))
+	}
+}
+
+type junitSuite struct {
+	Cases []struct {
+		Name    string    `xml:"name,attr"`
+		Skipped *struct{} `xml:"skipped"`
+		Failure *struct{} `xml:"failure"`
+		Error   *struct{} `xml:"error"`
+	} `xml:"testsuite>testcase"`
+}
+
+// readJUnit reads the JUnit report e2e.test writes into dir, without the
+// suite's own setup entries.
+func readJUnit(dir string) (*junitSuite, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "junit_*.xml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no junit_*.xml in %s (%v)", dir, err)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		return nil, err
+	}
+	var s junitSuite
+	if err := xml.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	setup := regexp.MustCompile(`^\[(SynchronizedBeforeSuite|SynchronizedAfterSuite|BeforeSuite|AfterSuite|ReportAfterSuite|ReportBeforeSuite)\]`)
+	out := s
+	out.Cases = out.Cases[:0]
+	for _, tc := range s.Cases {
+		if !setup.MatchString(tc.Name) {
+			out.Cases = append(out.Cases, tc)
+		}
+	}
+	return &out, nil
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
