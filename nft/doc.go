@@ -22,8 +22,10 @@
 //	chain services
 //	    ip daddr @cluster-ips4 ip saddr != <cluster CIDR> meta mark set meta mark | <masq>
 //	    ip daddr . meta l4proto . th dport @ext-marks4 meta mark set meta mark | <masq>
+//	    ip daddr . meta l4proto . th dport vmap @fw4
 //	    ip daddr . meta l4proto . th dport vmap @vips4
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport @np-marks4 meta mark set meta mark | <masq>
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @fw-nodeports4
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @nodeports4
 //	    dnat ip to ip daddr map @pod-dnat4
 //
@@ -32,7 +34,8 @@
 // hold the external, load-balancer and node ports of Services whose external
 // traffic policy is Cluster. @vips4 maps each cluster, external and
 // load-balancer IP . protocol . port to the Service port's chain, @nodeports4
-// each protocol . node port, on the addresses in @nodeport-ips4:
+// each protocol . node port, on the addresses in @nodeport-ips4 (@fw4 and
+// @fw-nodeports4 check source ranges first, below):
 //
 //	10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http
 //
@@ -72,14 +75,23 @@
 //	    ip saddr <cluster CIDR> goto svc<f>/...                (pods reach all endpoints)
 //	    fib saddr type local meta mark set meta mark | <masq> goto svc<f>/...   (the node too; all<f>/... when there is one)
 //	    counter dnat ...                                       (this node's endpoints, source kept; drop when none)
-//	chain fw<f>/...    loadBalancerSourceRanges, in front of ext<f>/... or svc<f>/...
-//	    ip saddr @sr<f>/<namespace>/<name> goto ext<f>/...
-//	    counter drop
 //
-// A Service's source ranges are one interval set per family, which every
-// fw chain of the Service looks the client up in: its rules do not grow
-// with the number of ranges, and new ranges refill the set without
-// touching a rule.
+// loadBalancerSourceRanges: @fw4 maps each load-balancer IP . protocol .
+// port of a Service with source ranges (@fw-nodeports4 its node ports, when
+// the configuration applies the ranges to node ports too) to a jump to the Service's one chain per
+// family, which drops a client outside them; one within them comes back
+// and is dispatched by @vips4 or @nodeports4 as without ranges:
+//
+//	203.0.113.11 . tcp . 80 : jump fw<f>/<namespace>/<name>
+//	chain fw<f>/<namespace>/<name>
+//	    ip saddr != @sr<f>/<namespace>/<name> counter drop
+//
+// A Service's source ranges are one interval set per family, which its fw
+// chain looks the client up in: its rules grow neither with the number of
+// ranges nor with the number of ports, new ranges refill the set without
+// touching a rule, and a sync that makes the kernel validate the table (one
+// that writes a rule or a jump) walks one chain for the ranges of a
+// Service, not one per port.
 //
 // Refusals: the filter chains reject new connections to a Service port
 // without endpoints before they reach a socket of the node.
@@ -112,7 +124,8 @@
 // (@hairpin4 holds each endpoint on this node . itself: a pod elsewhere is
 // translated on its own node).
 //
-// Dispatch is one hash lookup whatever the number of Services, and an
+// Dispatch is one hash lookup whatever the number of Services (two for a
+// way in with source ranges), and an
 // endpoint is picked by one numgen and one map lookup: the cost of a
 // connection does not grow with the number of Services or endpoints.
 package nft

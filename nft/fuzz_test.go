@@ -77,10 +77,8 @@ func checkObjects(t *testing.T, p *portal.Portal, o *objects, keyLen map[string]
 		if body.family != p.Key.Family {
 			t.Errorf("%v: chain %s of family %v", p.Key, name, body.family)
 		}
-		for _, to := range []string{body.gotoChain, body.shortCircuit} {
-			if to != "" && !exists(to) {
-				t.Errorf("%v: chain %s goes to %s, which is not rendered", p.Key, name, to)
-			}
+		if to := body.shortCircuit; to != "" && !exists(to) {
+			t.Errorf("%v: chain %s goes to %s, which is not rendered", p.Key, name, to)
 		}
 		for _, e := range body.endpoints {
 			if portal.FamilyOf(e.Addr()) != p.Key.Family {
@@ -98,21 +96,25 @@ func checkObjects(t *testing.T, p *portal.Portal, o *objects, keyLen map[string]
 	if len(o.rangeSet) > maxNameLen {
 		t.Errorf("%v: set of source ranges named with %d bytes: %q", p.Key, len(o.rangeSet), o.rangeSet)
 	}
-	hasFw := false
-	for _, body := range o.chains {
-		if body.sourceSet != "" {
-			hasFw = true
-			if body.sourceSet != o.rangeSet || len(o.ranges) == 0 {
-				t.Errorf("%v: an fw chain looks up %q, the portal has set %q with %d ranges", p.Key, body.sourceSet, o.rangeSet, len(o.ranges))
+	if (o.rangeSet != "") != (len(o.ranges) > 0) {
+		t.Errorf("%v: set of source ranges %q with %d ranges", p.Key, o.rangeSet, len(o.ranges))
+	}
+	before := map[string]bool{}
+	for _, e := range o.elems {
+		if guard, ok := firewallGuard(e); ok {
+			if o.rangeSet == "" || e.chain != firewallChain(o.rangeSet) || !e.jump {
+				t.Errorf("%v: firewall element of %s jumps to %s, the portal has set %q", p.Key, e.set, e.chain, o.rangeSet)
+			}
+			// Its way in is the portal's, and comes first (see firewallGuard).
+			if !before[guard] {
+				t.Errorf("%v: firewall element of %s guards no way in rendered before it", p.Key, e.set)
 			}
 		}
-	}
-	if hasFw != (o.rangeSet != "") {
-		t.Errorf("%v: set of source ranges %q without an fw chain, or the reverse", p.Key, o.rangeSet)
+		before[e.id()] = true
 	}
 	seen := map[string]bool{}
 	for _, e := range slices.Concat(o.elems, o.shared) {
-		if e.chain != "" && !exists(e.chain) {
+		if e.chain != "" && !exists(e.chain) && (o.rangeSet == "" || e.chain != firewallChain(o.rangeSet)) {
 			t.Errorf("%v: element of %s goes to %s, which is not rendered", p.Key, e.set, e.chain)
 		}
 		if len(e.comment) > maxCommentLen {

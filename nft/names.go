@@ -44,6 +44,26 @@ func setPodSNAT(f portal.Family) string       { return "pod-snat" + fam(f) }
 func setExtMarks(f portal.Family) string      { return "ext-marks" + fam(f) }
 func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
 
+// The ways in behind loadBalancerSourceRanges: each maps a way in to a
+// jump to its Service's firewall chain (see firewallChain).
+func setFirewall(f portal.Family) string   { return "fw" + fam(f) }
+func setFirewallNP(f portal.Family) string { return "fw-nodeports" + fam(f) }
+
+// firewallGuard returns the id of the element whose way in a firewall
+// element guards (the @vips or @nodeports element of the same key), and
+// false for an element of another set.
+func firewallGuard(e elem) (string, bool) {
+	for _, f := range families {
+		switch e.set {
+		case setFirewall(f):
+			return setVIPs(f) + "\x00" + e.key, true
+		case setFirewallNP(f):
+			return setNodePorts(f) + "\x00" + e.key, true
+		}
+	}
+	return "", false
+}
+
 // endpointShards spreads the endpoint maps: binding a rule to a data map
 // makes the kernel walk all of the map's elements, so a Service's rule must
 // not share one map with every other Service.
@@ -65,6 +85,13 @@ func rangeSet(f portal.Family, k portal.ServiceKey) string {
 	return rangeSetPrefix + fam(f) + "/" + k.Namespace + "/" + k.Name
 }
 
+// firewallChain is the chain that checks a client against the set of
+// source ranges named rangeSet: fw<f>/<namespace>/<name>, one per Service
+// and family, whatever its number of ports.
+func firewallChain(rangeSet string) string {
+	return kindFirewall + strings.TrimPrefix(rangeSet, rangeSetPrefix)
+}
+
 // isRangeSet reports whether a set of the table is a Service's set of
 // source ranges.
 func isRangeSet(name string) bool {
@@ -78,7 +105,7 @@ const (
 	kindService  = "svc"
 	kindExternal = "ext"
 	kindAll      = "all" // all endpoints, when the svc chain only has local ones
-	kindFirewall = "fw"  // loadBalancerSourceRanges
+	kindFirewall = "fw"  // loadBalancerSourceRanges: fw<f>/<namespace>/<name>, one per Service
 	// kindAffinityEndpoint chains remember a client and DNAT to one
 	// endpoint; named kind<f>/.../<port>@<endpoint>.
 	kindAffinityEndpoint = "aep"

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -8,16 +9,21 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/portal"
 )
 
 // A Service's loadBalancerSourceRanges are one interval set per family,
-// sr<f>/<namespace>/<name>, which every fw chain of the Service looks the
-// client up in: the Service costs two rules per fw chain and two elements
-// per range, instead of one rule per range and port. A change of the
-// ranges refills the set and touches no rule.
+// sr<f>/<namespace>/<name>, and one chain per family, fw<f>/<namespace>/<name>,
+// whose one rule drops a client outside the set. The ways in it guards
+// jump there from the services chain (elements of @fw<f> and
+// @fw-nodeports<f>) before they are dispatched: the Service costs one chain
+// and one rule whatever its number of ports and ranges, one element per
+// guarded way in and two per range. A change of the ranges refills the set
+// and touches no rule; other Services' syncs, which make the kernel
+// validate every chain a jump reaches, do not walk a chain per port.
 
 // rangeSetChange is what a sync does to one set of source ranges.
 type rangeSetChange struct {
@@ -76,9 +82,10 @@ func (t *tx) diffRangeSets(oldObjs, newObjs map[portal.PortKey]*objects) {
 	}
 }
 
-// writeRangeSets creates and refills the sets of source ranges, before any
-// rule that looks them up is sent. A full sync over a table that holds a
-// set with the same elements sends nothing for it.
+// writeRangeSets creates and refills the sets of source ranges, and creates
+// their firewall chains, before any element that jumps there is sent. A
+// full sync over a table that holds a set with the same elements and its
+// chain with the same rule sends nothing for them.
 func (t *tx) writeRangeSets() error {
 	names := make([]string, 0, len(t.rangeSets))
 	for name, c := range t.rangeSets {
@@ -94,25 +101,55 @@ func (t *tx) writeRangeSets() error {
 		existed := c.existed
 		if k := t.kernel; k != nil {
 			existed = k.sets[name] != nil
-			if existed && sameIntervals(want, k.elems[name]) {
-				continue
+		}
+		if !existed || t.kernel == nil || !sameIntervals(want, t.kernel.elems[name]) {
+			if existed {
+				t.conn.FlushSet(set)
+			} else if err := t.conn.AddSet(set, nil); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+			t.stats.Messages++
+			if err := t.sendElems(set, want, true); err != nil {
+				return err
 			}
 		}
-		if existed {
-			t.conn.FlushSet(set)
-		} else if err := t.conn.AddSet(set, nil); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
-		t.stats.Messages++
-		if err := t.sendElems(set, want, true); err != nil {
-			return err
-		}
+		t.firewallChain(name, c)
 	}
 	return nil
 }
 
-// deleteRangeSets deletes the sets nothing wants any more, after the
-// chains that looked them up.
+// firewallChain writes the chain that drops a client outside the set of
+// source ranges named set, unless it exists already with that rule:
+//
+//	chain fw4/<namespace>/<name>
+//	    ip saddr != @sr4/<namespace>/<name> counter drop
+func (t *tx) firewallChain(set string, c rangeSetChange) {
+	name := firewallChain(set)
+	tag := ruleTag(0, "fw|"+set)
+	ch := &nftables.Chain{Name: name, Table: t.b.table}
+	switch k := t.kernel; {
+	case k != nil && k.chains[name]:
+		if k.rules[name] == 1 && bytes.Equal(k.tags[name], tag) {
+			return
+		}
+		if k.rules[name] > 0 {
+			t.conn.FlushChain(ch)
+			t.stats.Messages++
+		}
+	case k == nil && c.existed:
+		return // refilled: the rule stays as it is
+	default:
+		t.conn.AddChain(ch)
+		t.stats.Messages++
+	}
+	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: []expr.Any{
+		loadAddr(c.family, false, reg1), lookup(set, true), counter(), verdict(expr.VerdictDrop, ""),
+	}})
+	t.stats.Messages++
+}
+
+// deleteRangeSets deletes the sets nothing wants any more, with their
+// firewall chains, after the elements that jumped there.
 func (t *tx) deleteRangeSets() {
 	var names []string
 	for name, c := range t.rangeSets {
@@ -122,8 +159,11 @@ func (t *tx) deleteRangeSets() {
 	}
 	sort.Strings(names)
 	for _, name := range names {
+		ch := &nftables.Chain{Name: firewallChain(name), Table: t.b.table}
+		t.conn.FlushChain(ch)
+		t.conn.DelChain(ch)
 		t.conn.DelSet(&nftables.Set{Table: t.b.table, Name: name})
-		t.stats.Messages++
+		t.stats.Messages += 3
 	}
 }
 

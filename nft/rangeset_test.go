@@ -37,8 +37,8 @@ func rangeSetsIn(t *testing.T, tp *topo) []string {
 	return out
 }
 
-// TestManySourceRanges: a thousand source ranges are one set that the fw
-// chain of each port looks up with one rule; real packets from an allowed
+// TestManySourceRanges: a thousand source ranges are one set that the
+// Service's one fw chain looks up with one rule; real packets from an allowed
 // client pass and from a refused one (between two allowed ranges) are
 // dropped, on TCP and UDP. New ranges refill the set without touching a
 // rule, a full sync and a restart over the unchanged table send nothing,
@@ -66,13 +66,13 @@ func TestManySourceRanges(t *testing.T) {
 		t.Errorf("sets of source ranges: %v, want one for the Service", got)
 	}
 	k := readTable(t, tp)
-	for _, proto := range []string{"tcp", "udp"} {
-		chain := "fw4/default/web/" + proto + "/p"
-		if n := len(k.rules[chain]); n != 2 {
-			t.Errorf("chain %s has %d rules, want 2 (one lookup, one drop)", chain, n)
-		}
+	if n := len(k.rules[fwChain]); n != 1 {
+		t.Errorf("chain %s has %d rules, want 1 (a lookup that drops)", fwChain, n)
 	}
-	drops := dropCount(t, tp, "fw4/default/web/tcp/p")
+	if got := firewallChains(k); !slices.Equal(got, []string{fwChain}) {
+		t.Errorf("firewall chains %v, want one for the Service", got)
+	}
+	drops := dropCount(t, tp, fwChain)
 	if drops == 0 {
 		t.Errorf("the refused client's packets are not counted by the fw chain's drop")
 	}
@@ -89,7 +89,7 @@ func TestManySourceRanges(t *testing.T) {
 		ask(t, tp.client2, network, lb, 2)
 		mustDrop(t, tp.client, network, lb)
 	}
-	if n := dropCount(t, tp, "fw4/default/web/tcp/p"); n <= drops {
+	if n := dropCount(t, tp, fwChain); n <= drops {
 		t.Errorf("drop counter went from %d to %d: the fw chain was rewritten", drops, n)
 	}
 
@@ -117,6 +117,9 @@ func TestManySourceRanges(t *testing.T) {
 	if got := rangeSetsIn(t, tp); len(got) != 0 {
 		t.Errorf("sets of source ranges left behind: %v", got)
 	}
+	if got := firewallChains(readTable(t, tp)); len(got) != 0 {
+		t.Errorf("firewall chains left behind: %v", got)
+	}
 	if err := tp.b.Check(context.Background()); err != nil {
 		t.Errorf("drift check: %v", err)
 	}
@@ -130,6 +133,9 @@ func TestManySourceRanges(t *testing.T) {
 	if got := rangeSetsIn(t, tp); len(got) != 0 {
 		t.Errorf("the set of a deleted Service is left behind: %v", got)
 	}
+	if got := firewallChains(readTable(t, tp)); len(got) != 0 {
+		t.Errorf("the firewall chain of a deleted Service is left behind: %v", got)
+	}
 	// A restart that finds the set of a Service deleted meanwhile removes it.
 	tp.sync(t, snapshot(mk(first)), false)
 	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
@@ -137,6 +143,23 @@ func TestManySourceRanges(t *testing.T) {
 	if got := rangeSetsIn(t, tp); len(got) != 0 {
 		t.Errorf("a full sync left the set of a deleted Service: %v", got)
 	}
+	if got := firewallChains(readTable(t, tp)); len(got) != 0 {
+		t.Errorf("a full sync left the firewall chain of a deleted Service: %v", got)
+	}
+}
+
+// fwChain is the firewall chain of the Service "web".
+const fwChain = "fw4/default/web"
+
+// firewallChains returns the chains of the table that check source ranges.
+func firewallChains(k *kernelTable) []string {
+	var out []string
+	for _, c := range k.chains {
+		if strings.HasPrefix(c, kindFirewall) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // dropCount is the packet counter of the drop rule of an fw chain.
@@ -199,6 +222,9 @@ func TestRangeElements(t *testing.T) {
 // 1,000 source ranges syncs beside another Service, in one transaction
 // and after, and the other's syncs stay as small as without it: its
 // endpoint change is an element update, whatever the huge Service holds.
+// The ranges add one chain with one rule, not one per port: a sync that
+// makes the kernel validate the table (any rule or jump written) walks
+// the huge Service's ports once, as it would an ordinary Service's.
 func TestHugeServiceDoesNotStopOthers(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 2)
@@ -239,6 +265,24 @@ func TestHugeServiceDoesNotStopOthers(t *testing.T) {
 	lb := netip.AddrPortFrom(lbIP, 14999).String()
 	ask(t, tp.client, "tcp", lb, 1)
 	mustDrop(t, tp.client2, "tcp", lb)
+	k := readTable(t, tp)
+	var hugeChains, hugeRules int
+	for _, c := range k.chains {
+		if strings.Contains(c, "/default/huge") {
+			hugeChains++
+			hugeRules += len(k.rules[c])
+		}
+	}
+	// A chain per port that picks an endpoint, and the firewall chain.
+	if want := len(huge.Portals) + 1; hugeChains != want || hugeRules != want {
+		t.Errorf("the huge Service has %d chains and %d rules, want %d of each", hugeChains, hugeRules, want)
+	}
+	if got := firewallChains(k); !slices.Equal(got, []string{"fw4/default/huge"}) {
+		t.Errorf("firewall chains %v, want one for the huge Service", got)
+	}
+	if n := len(k.elems[setFirewall(portal.IPv4)]); n != len(huge.Portals) {
+		t.Errorf("@%s holds %d ways in, want the huge Service's %d", setFirewall(portal.IPv4), n, len(huge.Portals))
+	}
 
 	withHuge := tp.sync(t, snapshot(huge, other(0)), false)
 	t.Logf("the other Service's endpoint change: %d messages (%v) alone, %d (%v) beside the huge one",

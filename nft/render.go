@@ -12,16 +12,12 @@ import (
 
 // chainBody is the content of one per-portal chain, in a form that can be
 // compared with what was applied before. Its rules, in order:
-// sourceSet (goto gotoChain when the source is in that set of source
-// ranges, else drop);
 // shortCircuit (traffic from pods and the node goes there instead); DNAT
 // to one of endpoints, with ClientIP affinity when affinity > 0; drop when
 // dropIfEmpty and there are no endpoints.
 type chainBody struct {
 	family       portal.Family
-	sourceSet    string
 	shortCircuit string
-	gotoChain    string
 	endpoints    []netip.AddrPort
 	affinity     uint32 // seconds
 	dropIfEmpty  bool
@@ -33,8 +29,8 @@ func (b chainBody) equal(o chainBody) bool {
 
 // sameRules: everything but the endpoints' values is the same.
 func (b chainBody) sameRules(o chainBody) bool {
-	return b.family == o.family && b.sourceSet == o.sourceSet && b.shortCircuit == o.shortCircuit &&
-		b.gotoChain == o.gotoChain && b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
+	return b.family == o.family && b.shortCircuit == o.shortCircuit &&
+		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
 		len(b.endpoints) == len(o.endpoints)
 }
 
@@ -69,12 +65,13 @@ func (b chainBody) affinityObjects(chain string) map[netip.AddrPort][2]string {
 // endpoint.
 const affinitySetPrefix = "aff"
 
-// elem is one element of a named set or map; chain is the goto target of a
-// verdict map element ("" for plain sets).
+// elem is one element of a named set or map; chain is the goto (jump, with
+// jump set) target of a verdict map element ("" for plain sets).
 type elem struct {
 	set     string
 	key     string // encoded key bytes
 	chain   string
+	jump    bool
 	comment string // "<entry kind> <portal chain>", read back by dump-rules
 }
 
@@ -89,10 +86,10 @@ type objects struct {
 	// shared are plain-set elements several portals may need (a cluster IP
 	// with several ports, an endpoint in several Services): reference counted.
 	shared []elem
-	// rangeSet names the Service's set of source ranges its fw chain looks
-	// the client up in ("" when it has no fw chain), and ranges are what
-	// the set holds. Every portal of one Service and family names the same
-	// set with the same ranges.
+	// rangeSet names the Service's set of source ranges its firewall
+	// chain looks the client up in ("" when no way in of the portal is
+	// checked), and ranges are what the set holds. Every portal of one
+	// Service and family names the same set with the same ranges.
 	rangeSet string
 	ranges   []netip.Prefix
 }
@@ -106,8 +103,9 @@ type objects struct {
 // sets. Under the Local policy it goes to the ext chain, which sends pods'
 // and the node's own traffic to all endpoints and everything else to this
 // node's endpoints, unmasqueraded, or drops it. loadBalancerSourceRanges
-// put an fw chain in front, which looks the client up in the Service's
-// one set of source ranges.
+// add the portal's load-balancer ways in to the fw maps, whose elements
+// jump to the Service's one firewall chain: it drops a client outside the
+// Service's set of source ranges before the way in is dispatched.
 func render(p *portal.Portal, cfg dataplane.Config) *objects {
 	o := &objects{chains: map[string]chainBody{}}
 	k := p.Key
@@ -149,32 +147,35 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 			target, mark = portalChain(kindExternal, k), false
 			o.chains[target] = chainBody{family: f, shortCircuit: allChain, endpoints: p.LocalEndpoints, affinity: aff, dropIfEmpty: true}
 		}
-		fwTarget := target
+		// The firewall element of a way in follows its dispatch element:
+		// both are owned by the portal, or neither (see firewallGuard).
+		fw := ""
 		if len(p.SourceRanges) > 0 && hasEps {
-			fwTarget = portalChain(kindFirewall, k)
 			o.rangeSet, o.ranges = rangeSet(f, k.Service), p.SourceRanges
-			o.chains[fwTarget] = chainBody{family: f, sourceSet: o.rangeSet, gotoChain: target}
+			fw = firewallChain(o.rangeSet)
 		}
-		addExt := func(entry string, ip netip.Addr, to string) {
+		addExt := func(entry string, ip netip.Addr, checked bool) {
 			key := vipKey(ip, k.Protocol, p.Port)
-			o.elems = append(o.elems, targetElem(entry, setVIPs(f), setNoEndpoints(f), key, to, hasEps))
+			o.elems = append(o.elems, targetElem(entry, setVIPs(f), setNoEndpoints(f), key, target, hasEps))
+			if checked && fw != "" {
+				o.elems = append(o.elems, elem{set: setFirewall(f), key: string(key), chain: fw, jump: true})
+			}
 			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setExtMarks(f), key: string(key)})
 			}
 		}
 		for _, ip := range p.ExternalIPs {
-			addExt(entryExternalIP, ip, target)
+			addExt(entryExternalIP, ip, false)
 		}
 		for _, ip := range p.LoadBalancerIPs {
-			addExt(entryLoadBalancer, ip, fwTarget)
+			addExt(entryLoadBalancer, ip, true)
 		}
 		if p.NodePort != 0 {
-			to := target
-			if cfg.SourceRangesOnNodePorts {
-				to = fwTarget
-			}
 			key := protoPortKey(k.Protocol, p.NodePort)
-			o.elems = append(o.elems, targetElem(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), key, to, hasEps))
+			o.elems = append(o.elems, targetElem(entryNodePort, setNodePorts(f), setNoEndpointsNP(f), key, target, hasEps))
+			if cfg.SourceRangesOnNodePorts && fw != "" {
+				o.elems = append(o.elems, elem{set: setFirewallNP(f), key: string(key), chain: fw, jump: true})
+			}
 			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setNodePortMarks(f), key: string(key)})
 			}

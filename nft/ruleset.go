@@ -32,6 +32,8 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setNoEndpoints(f), IsMap: true, Concatenation: true, KeyType: vipType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNodePorts(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNoEndpointsNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setFirewall(f), IsMap: true, Concatenation: true, KeyType: vipType, DataType: nftables.TypeVerdict},
+			&nftables.Set{Table: t, Name: setFirewallNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNodePortIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setPodDNAT(f), IsMap: true, KeyType: addrType(f), DataType: addrType(f)},
@@ -86,13 +88,17 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 			services = append(services, cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false)}, m))
 		}
 		vip := cat(fm, loadVIPKey(f))
+		// Ways in behind source ranges jump to their Service's firewall
+		// chain, which drops a client outside them, before the dispatch.
 		services = append(services,
 			cat(vip, []expr.Any{lookup(setExtMarks(f), false)}, setMarkBits(mark)),
+			cat(vip, []expr.Any{vmap(setFirewall(f))}),
 			cat(vip, []expr.Any{vmap(setVIPs(f))}))
 		check = append(check, cat(vip, []expr.Any{vmap(setNoEndpoints(f))}))
 		np := cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setNodePortIPs(f), false)}, loadProtoPort(unix.NFT_REG32_00))
 		services = append(services,
 			cat(np, []expr.Any{lookup(setNodePortMarks(f), false)}, setMarkBits(mark)),
+			cat(np, []expr.Any{vmap(setFirewallNP(f))}),
 			cat(np, []expr.Any{vmap(setNodePorts(f))}),
 			// A pod's own external IP: every protocol and port, 1:1.
 			cat(fm, []expr.Any{loadAddr(f, true, reg1),

@@ -28,7 +28,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop4"
+const layoutVersion = "onehop5"
 
 // ruleTag is the user data of a chain's rules.
 func ruleTag(id uint32, content string) []byte {

@@ -81,7 +81,7 @@ type waitingElem struct {
 // sync, in the order they were asked for; the others are conflicts.
 func (t *tx) claimWaiting() {
 	for _, w := range t.waiting {
-		if own, ok := t.owner(w.e.id()); ok && own != w.pk {
+		if own, ok := t.otherOwner(w.pk, w.e); ok {
 			t.conflicts++
 			t.b.log.Warn("address already used by another service port; skipped",
 				"portal", w.pk.String(), "owner", own.String(), "set", w.e.set)
@@ -114,6 +114,21 @@ func (t *tx) oldService(k portal.ServiceKey) *appliedService {
 		return nil
 	}
 	return t.b.services[k]
+}
+
+// otherOwner returns the portal other than pk that owns e or, for a
+// firewall element, the way in it guards: a way in another portal holds
+// is never checked against pk's source ranges.
+func (t *tx) otherOwner(pk portal.PortKey, e elem) (portal.PortKey, bool) {
+	if own, ok := t.owner(e.id()); ok && own != pk {
+		return own, true
+	}
+	if id, ok := firewallGuard(e); ok {
+		if own, ok := t.owner(id); !ok || own != pk {
+			return own, true
+		}
+	}
+	return portal.PortKey{}, false
 }
 
 func (t *tx) owner(id string) (portal.PortKey, bool) {
@@ -239,7 +254,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 		if had && oe.chain == e.chain {
 			continue
 		}
-		if own, ok := t.owner(e.id()); ok && own != pk {
+		if _, ok := t.otherOwner(pk, e); ok {
 			// The owner may let it go later in this sync (an address
 			// handed from one Service to another): decided at commit.
 			t.waiting = append(t.waiting, waitingElem{pk, e})
@@ -267,7 +282,11 @@ func (t *tx) element(e elem, add bool) nftables.SetElement {
 		el.Comment = e.comment
 	}
 	if e.chain != "" && add {
-		el.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.chain}
+		kind := expr.VerdictGoto
+		if e.jump {
+			kind = expr.VerdictJump
+		}
+		el.VerdictData = &expr.Verdict{Kind: kind, Chain: e.chain}
 	}
 	return el
 }
@@ -453,12 +472,6 @@ func (t *tx) chainRules(name string, body chainBody) {
 	defer func() { t.emitRules(name, rules, t.b.bodyTag(id, body)) }()
 	f := body.family
 	markBits := t.b.cfg.MasqueradeMark()
-	if body.sourceSet != "" {
-		// ip saddr @sr<f>/<namespace>/<name> goto <target>
-		add([]expr.Any{loadAddr(f, false, reg1), lookup(body.sourceSet, false), verdict(expr.VerdictGoto, body.gotoChain)})
-		add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
-		return
-	}
 	if body.shortCircuit != "" {
 		for _, p := range t.b.cfg.ClusterCIDRs {
 			if portal.FamilyOf(p.Addr()) == f {
@@ -824,6 +837,11 @@ func (t *tx) reconcileKernel() {
 	}
 	for name := range t.bodies {
 		wanted[name] = true
+	}
+	for name, c := range t.rangeSets {
+		if !c.del {
+			wanted[firewallChain(name)] = true
+		}
 	}
 	for set := range t.newAff {
 		wanted[kindAffinityEndpoint+strings.TrimPrefix(set, affinitySetPrefix)] = true
