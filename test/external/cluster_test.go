@@ -395,6 +395,20 @@ func checkNodeLog(t *testing.T, node, log string) {
 	}
 }
 
+// checkAllocatorHolder fails the test unless the allocator Lease of a split
+// install is held by the controller named: the node agents, which run only
+// their per-node part, never campaign for it.
+func checkAllocatorHolder(t *testing.T, c kubernetes.Interface, controller string) {
+	t.Helper()
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("allocator Lease: %v", err)
+	}
+	if h := l.Spec.HolderIdentity; h == nil || *h != controller {
+		t.Fatalf("allocator Lease held by %v, want the controller %s", h, controller)
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

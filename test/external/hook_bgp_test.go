@@ -76,10 +76,14 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 }
 
 // TestBGPHookLocalPolicy: the control plane sits on the nodes' segment;
-// one agent (Hook with the bgp provider) per node; a Local-policy Service
-// gets the VIP from a pool; the router's ECMP next hops are exactly the
-// nodes with a ready endpoint; deleting node2's endpoint withdraws node2
-// (time logged; the issue asks for < 1 s); an agent stopping withdraws.
+// the hook runs as deploy/ ships it: an `agent controller` allocates the
+// VIP from a pool and writes the Service's status under its own RBAC, and
+// one node agent (the bgp provider, SeparateController) per node announces
+// under the node agents' RBAC and admission policy; a refused request fails
+// the test. The Local-policy Service gets the VIP; the router's ECMP next
+// hops are exactly the nodes with a ready endpoint; deleting node2's
+// endpoint withdraws node2 (time logged; the issue asks for < 1 s); an
+// agent stopping withdraws.
 func TestBGPHookLocalPolicy(t *testing.T) {
 	lab := newBGPLab(t)
 	lab.add("cp")
@@ -90,14 +94,15 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 	createReadyNode(t, c, "node1", "10.0.0.11")
 	createReadyNode(t, c, "node2", "10.0.0.12")
 
-	cfg := external.Config{
-		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
-		LeaseNamespace: "default",
-		BGP:            &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
-	}
+	sp := newSplit(t, cp)
+	cfg := sp.config(external.Config{
+		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+		BGP:   &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
+	})
+	sp.runController(cfg, "onehop-controller-0", "")
 	agents := map[string]*exec.Cmd{}
 	for _, n := range []string{"node1", "node2"} {
-		agents[n] = lab.startAgent(n, cfg, cp.Kubeconfig)
+		agents[n] = sp.startNodeAgent(lab.topo, n, cfg)
 	}
 
 	createLB(t, c, "web", 80, func(s *corev1.Service) {
@@ -106,6 +111,7 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 	if ips := lbIPs(t, c, "web", "allocation", some); ips[0] != vip {
 		t.Fatalf("web got %v, want %s", ips, vip)
 	}
+	checkAllocatorHolder(t, c, "onehop-controller-0")
 	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
 	lab.waitHops(t, "both nodes have a local endpoint", "10.0.0.11", "10.0.0.12")
 	if got, err := lab.get("client", vip+":80"); err != nil || !strings.HasPrefix(got, "pod") {

@@ -10,14 +10,31 @@ import (
 	"github.com/onehop/onehop/external/l2"
 )
 
+// The takeover tests run the hook as deploy/ ships it: an `agent
+// controller` allocates the VIP and writes the Service's status under its
+// own RBAC, and the node agents (the l2 provider, SeparateController) answer
+// and renew their own liveness Leases in onehop-leases under the node
+// agents' RBAC and admission policy; a refused request fails the test.
+
 // TestL2HookTakeover: agents (Hook with the l2 provider and liveness
 // Leases) on node1 and node2, the control plane and a client on the same
 // bridge. The owner answers; its agent is killed without a goodbye; the
 // other node takes over when the owner's Lease expires. The takeover time
 // (kill -> client's neighbour entry moved) is logged; the issue wishes for
 // < 3 s, the test only bounds it generously.
+//
+// "split" is the install deploy/ ships. "all-in-one" runs the same with the
+// default configuration (SeparateController off): each agent also campaigns
+// for the allocator Lease, which lives beside the liveness Leases, so the
+// killed owner may take the allocator with it; the survivor must still take
+// the VIP over on the same timing.
 func TestL2HookTakeover(t *testing.T) {
-	l2HookTakeover(t, "agent killed", func(lab *topo, owner string, kill func()) { kill() })
+	kill := func(lab *topo, owner string, kill func()) { kill() }
+	for _, separate := range []bool{true, false} {
+		t.Run(map[bool]string{false: "all-in-one", true: "split"}[separate], func(t *testing.T) {
+			l2HookTakeover(t, "agent killed", separate, kill)
+		})
+	}
 }
 
 // TestL2HookLinkDown: as TestL2HookTakeover, but the owner's agent keeps
@@ -25,7 +42,7 @@ func TestL2HookTakeover(t *testing.T) {
 // renew its Lease nor answer, and the other node takes over once the Lease
 // expires.
 func TestL2HookLinkDown(t *testing.T) {
-	l2HookTakeover(t, "link down", func(lab *topo, owner string, _ func()) {
+	l2HookTakeover(t, "link down", true, func(lab *topo, owner string, _ func()) {
 		lab.ip(owner, "link", "set", "eth0", "down")
 	})
 }
@@ -33,13 +50,15 @@ func TestL2HookLinkDown(t *testing.T) {
 // TestL2HookVethDeleted: as TestL2HookLinkDown, but the owner's veth (the
 // interface its responder is bound to) is deleted outright.
 func TestL2HookVethDeleted(t *testing.T) {
-	l2HookTakeover(t, "veth deleted", func(lab *topo, owner string, _ func()) {
+	l2HookTakeover(t, "veth deleted", true, func(lab *topo, owner string, _ func()) {
 		lab.ip(owner, "link", "del", "eth0")
 	})
 }
 
-// l2HookTakeover runs the takeover scenario; fail takes the owner out.
-func l2HookTakeover(t *testing.T, how string, fail func(lab *topo, owner string, kill func())) {
+// l2HookTakeover runs the takeover scenario, split (a controller and node
+// agents under deploy/base's RBAC) or all-in-one (agents as admin); fail
+// takes the owner out.
+func l2HookTakeover(t *testing.T, how string, separate bool, fail func(lab *topo, owner string, kill func())) {
 	lab := newL2Lab(t)
 	lab.add("cp")
 	lab.veth("sw", "vcp", "cp", "eth0")
@@ -53,14 +72,29 @@ func l2HookTakeover(t *testing.T, how string, fail func(lab *topo, owner string,
 		LeaseNamespace: "default",
 		L2:             &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	}
+	const controller = "onehop-controller-0"
+	var sp *split
+	if separate {
+		sp = newSplit(t, cp)
+		cfg = sp.config(cfg)
+		sp.runController(cfg, controller, "")
+	}
 	kill := map[string]func(){}
 	for _, n := range []string{"node1", "node2"} {
-		cmd := lab.startAgent(n, cfg, cp.Kubeconfig)
-		kill[n] = func() { _ = cmd.Process.Kill() }
+		if separate {
+			cmd := sp.startNodeAgent(lab, n, cfg)
+			kill[n] = func() { _ = cmd.Process.Kill() }
+		} else {
+			cmd := lab.startAgent(n, cfg, cp.Kubeconfig)
+			kill[n] = func() { _ = cmd.Process.Kill() }
+		}
 	}
 	createLB(t, c, "web", 80)
 	if ips := lbIPs(t, c, "web", "allocation", some); ips[0] != vip {
 		t.Fatalf("web got %v, want %s", ips, vip)
+	}
+	if separate {
+		checkAllocatorHolder(t, c, controller)
 	}
 	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
 
