@@ -126,7 +126,7 @@ func TestConfigPartialWithOnehopKind(t *testing.T) {
 		KubeProxyFound:   true,
 		ExternalIPCIDRs:  []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
 		ServiceProxyName: ptrTo("onehop"),
-		External:         []byte(`{"provider":"bgp"}`),
+		External:         []byte(`{"leaseNamespace":"onehop-leases"}`),
 		OnehopFound:      true,
 	}
 	if !reflect.DeepEqual(fc, want) {
@@ -268,5 +268,18 @@ func TestConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A key the external section does not know stops the agent at start, with
+// its name, instead of being ignored.
+func TestConfigExternalUnknownKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.conf")
+	conf := "apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\nexternal:\n  pools: [{name: main, addresses: [192.0.2.10]}]\n  communities: [\"65000:1\"]\n"
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadConfigFile(path); err == nil || !strings.Contains(err.Error(), `"communities"`) {
+		t.Errorf("loaded a config with external.communities: %v", err)
 	}
 }

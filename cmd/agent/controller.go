@@ -181,8 +181,8 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		<-ctx.Done()
 		return nil
 	}
-	var ec external.Config
-	if err := json.Unmarshal(ext, &ec); err != nil {
+	ec, err := external.DecodeConfig(ext)
+	if err != nil {
 		return fmt.Errorf("%s: external section: %w", f.config, err)
 	}
 	if len(ec.ExternalIPCIDRs) == 0 {

@@ -530,8 +530,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	var podIPsReady *atomic.Bool  // set when pod external IPs are served
 	var refusedReady *atomic.Bool // set when the registry's refusals are known
 	if len(f.external) > 0 && string(f.external) != "null" {
-		var ec external.Config
-		if err := json.Unmarshal(f.external, &ec); err != nil {
+		ec, err := external.DecodeConfig(f.external)
+		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}
 		if len(ec.ExternalIPCIDRs) == 0 {
