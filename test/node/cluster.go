@@ -73,6 +73,8 @@ func Start(t *testing.T, opts Options) *Cluster {
 	if opts.Nodes == 0 {
 		opts.Nodes = 1
 	}
+	nsutil.Sweep(context.Background(), slog.New(slog.NewTextHandler(t.Output(), nil)))
+	sweepCgroups()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	bin, err := Binaries(ctx)
@@ -363,4 +365,24 @@ nodeStatusUpdateFrequency: 4s
 // (hack/controlplane.sh conformance).
 func ConformanceBinaries(ctx context.Context) (string, error) {
 	return binaries(ctx, "conformance", "kubelet", "kube-controller-manager", "kube-scheduler", "agnhost", "kube-proxy", "e2e.test", "coredns")
+}
+
+// KubectlUntil runs kubectl until ok accepts its output, at most attempts
+// times a second apart, and returns the last output and error: for checks
+// through kubectl exec, whose API server to kubelet stream a loaded
+// machine can drop once.
+func (c *Cluster) KubectlUntil(ctx context.Context, attempts int, ok func(string) bool, args ...string) (string, error) {
+	var out string
+	var err error
+	for i := 0; i < attempts; i++ {
+		out, err = c.Kubectl(ctx, args...)
+		if err == nil && ok(out) {
+			return out, nil
+		}
+		time.Sleep(time.Second)
+	}
+	if err == nil {
+		err = fmt.Errorf("unexpected output")
+	}
+	return out, err
 }

@@ -86,10 +86,12 @@ func TestShippedDaemonSet(t *testing.T) {
 		}
 	}
 	// From a pod: the Service, and the kubernetes Service to the API server.
-	if out, err := c.Kubectl(ctx, "exec", "web-0", "--", "curl", "-sS", "--max-time", "5", "http://"+vip+"/hostname"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), "web-") {
+	isWeb := func(out string) bool { return strings.HasPrefix(strings.TrimSpace(out), "web-") }
+	if out, err := c.KubectlUntil(ctx, 3, isWeb, "exec", "web-0", "--", "curl", "-sS", "--max-time", "5", "http://"+vip+"/hostname"); err != nil {
 		t.Errorf("pod web-0 to %s: %v: %q", vip, err, out)
 	}
-	if out, err := c.Kubectl(ctx, "exec", "web-1", "--", "curl", "-sSk", "--max-time", "5", "https://10.96.0.1/version"); err != nil || !strings.Contains(out, "gitVersion") {
+	isVersion := func(out string) bool { return strings.Contains(out, "gitVersion") }
+	if out, err := c.KubectlUntil(ctx, 3, isVersion, "exec", "web-1", "--", "curl", "-sSk", "--max-time", "5", "https://10.96.0.1/version"); err != nil {
 		t.Errorf("pod web-1 to the kubernetes Service: %v: %q", err, out)
 	}
 

@@ -223,6 +223,22 @@ func removeCgroups(root string) {
 	}
 }
 
+// sweepCgroups ends the pods and removes the cgroups of nodes whose test
+// binary is gone (killed before its cleanup ran): the node's processes
+// died with it, but its pods' processes live in their own cgroups.
+func sweepCgroups() {
+	entries, err := os.ReadDir("/sys/fs/cgroup/pids")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() && strings.Contains(e.Name(), "-kn-") && nsutil.OwnerGone(e.Name()) {
+			killCgroup("/" + e.Name())
+			removeCgroups("/" + e.Name())
+		}
+	}
+}
+
 // Ready reports whether the Node object says Ready.
 func Ready(node *corev1.Node) bool {
 	for _, cond := range node.Status.Conditions {

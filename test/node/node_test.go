@@ -48,8 +48,9 @@ func TestNodeRunsPods(t *testing.T) {
 		t.Fatalf("curl pod %s: %v: %q", ip, err, out)
 	}
 	// The image's userland works too: a shell and nc, as e2e.test uses them.
-	out, err = c.Kubectl(ctx, "exec", "web", "--", "/bin/sh", "-c", "echo hostName | nc -w 2 127.0.0.1 8080 >/dev/null; curl -s http://127.0.0.1:8080/hostname")
-	if err != nil || strings.TrimSpace(out) != "web" {
+	isWeb := func(out string) bool { return strings.TrimSpace(out) == "web" }
+	out, err = c.KubectlUntil(ctx, 3, isWeb, "exec", "web", "--", "/bin/sh", "-c", "echo hostName | nc -w 2 127.0.0.1 8080 >/dev/null; curl -s http://127.0.0.1:8080/hostname")
+	if err != nil {
 		t.Fatalf("kubectl exec: %v: %q", err, out)
 	}
 }
