@@ -19,7 +19,8 @@ import (
 // EnvConformance picks what TestConformance runs of upstream Kubernetes's
 // e2e suite, `[sig-network] Services`: "conformance" (the default: its
 // [Conformance] tests), "all" (every test this machine can run: make
-// conformance), or "off".
+// conformance), "off", or any other text: a regular expression the test
+// names must match too (one test, to look at it).
 const EnvConformance = "ONEHOP_CONFORMANCE"
 
 // EnvConformanceProxy runs the suite with kube-proxy (built from its Go
@@ -83,8 +84,12 @@ func TestConformance(t *testing.T) {
 	c.DeployDNS(t)
 
 	focus := `\[sig-network\] Services`
-	if mode == "conformance" {
+	switch mode {
+	case "conformance":
 		focus = `\[sig-network\] Services .*\[Conformance\]`
+	case "all":
+	default:
+		focus += ".*" + mode
 	}
 	var skips []string
 	for _, s := range conformanceSkips {

@@ -16,7 +16,8 @@ const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 var agnhostPrograms = []string{
 	"sh", "bash", "curl", "nc", "nslookup", "dig", "wget", "ip", "hostname",
 	"timeout", "sleep", "seq", "cat", "ls", "echo", "printf", "test", "date", "env", "id",
-	"grep", "sed", "head", "tail", "tr", "wc", "sort", "uniq", "cut", "xargs", "mkdir", "rm", "touch", "ps",
+	"grep", "sed", "awk", "head", "tail", "tr", "wc", "sort", "uniq", "cut", "xargs", "mkdir", "rm", "touch", "ps",
+	"dd", "cp", "mv", "chmod", "stat", "uname",
 }
 
 // BuildAgnhostImage writes the agnhost image (agnhost from bin, see

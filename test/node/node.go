@@ -43,9 +43,10 @@ type Node struct {
 	kubelet    *nsutil.Process
 }
 
-// cgroupControllers are the cgroup v1 hierarchies the kubelet uses; the
-// node's cgroup root is created in each (and removed at the end).
-var cgroupControllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer", "blkio", "systemd"}
+// cgroupControllers are the cgroup v1 hierarchies the kubelet uses, and
+// the unified (v2) one runc also writes on a hybrid host; the node's cgroup
+// root is created in each (and removed at the end).
+var cgroupControllers = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer", "blkio", "systemd", "unified"}
 
 // startNode brings up node i of c: addresses, routes, mounts, containerd,
 // kubelet. It returns once containerd answers; the Node object turns Ready
@@ -227,15 +228,18 @@ func removeCgroups(root string) {
 // binary is gone (killed before its cleanup ran): the node's processes
 // died with it, but its pods' processes live in their own cgroups.
 func sweepCgroups() {
-	entries, err := os.ReadDir("/sys/fs/cgroup/pids")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if e.IsDir() && strings.Contains(e.Name(), "-kn-") && nsutil.OwnerGone(e.Name()) {
-			killCgroup("/" + e.Name())
-			removeCgroups("/" + e.Name())
+	stale := map[string]bool{}
+	for _, ctrl := range cgroupControllers {
+		entries, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctrl))
+		for _, e := range entries {
+			if e.IsDir() && strings.Contains(e.Name(), "-kn-") && nsutil.OwnerGone(e.Name()) {
+				stale[e.Name()] = true
+			}
 		}
+	}
+	for name := range stale {
+		killCgroup("/" + name)
+		removeCgroups("/" + name)
 	}
 }
 
