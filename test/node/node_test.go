@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/onehop/onehop/test/node"
 	"github.com/onehop/onehop/test/nsutil"
@@ -36,6 +37,8 @@ func TestNodeRunsPods(t *testing.T) {
 			Containers: []corev1.Container{{
 				Name: "web", Image: node.AgnhostImage, ImagePullPolicy: corev1.PullNever,
 				Args: []string{"netexec", "--http-port=8080"},
+				// Ready when it answers, not when the process starts.
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/hostname", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
 			}},
 		},
 	}
