@@ -2,7 +2,6 @@ package nft
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -229,19 +228,7 @@ func TestHugeServiceDoesNotStopOthers(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 2)
 	ranges := manyRanges(1000, clientIP, client2IP)
-	hugeKey := portal.ServiceKey{Namespace: "default", Name: "huge"}
-	huge := &portal.Service{Key: hugeKey}
-	for i := 0; i < 5000; i++ {
-		huge.Portals = append(huge.Portals, &portal.Portal{
-			Key:              portal.PortKey{Service: hugeKey, Port: fmt.Sprintf("p%d", i), Protocol: portal.TCP, Family: portal.IPv4},
-			Port:             uint16(10000 + i),
-			ClusterIPs:       []netip.Addr{netip.MustParseAddr("10.96.0.50")},
-			LoadBalancerIPs:  []netip.Addr{lbIP},
-			SourceRanges:     ranges,
-			ClusterEndpoints: eps(8080, 0, 1),
-		})
-	}
-	slices.SortFunc(huge.Portals, func(a, b *portal.Portal) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	huge := hugeService(5000, ranges)
 	other := func(idx ...int) *portal.Service {
 		return service("web", func(p *portal.Portal) {
 			p.ClusterIPs = []netip.Addr{clusterIP}
