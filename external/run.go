@@ -82,7 +82,15 @@ func (h *Hook) Run(ctx context.Context) error {
 	throttle := time.NewTimer(time.Hour)
 	defer throttle.Stop()
 	throttle.Stop()
-	var last string
+	// told is what each provider was last told without an error. A failed
+	// update is tried again with the state of that moment after a back-off
+	// (retryFirst, doubling up to retryMax), not only when something else
+	// changes; providers that took the state are not told it again.
+	told := make([]string, len(h.providers))
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	retry.Stop()
+	var backoff time.Duration
 	var looked time.Time
 	pending := false
 	for done := false; !done; {
@@ -93,6 +101,8 @@ func (h *Hook) Run(ctx context.Context) error {
 		case <-h.wake:
 			pending = true
 		case <-expiry.C:
+			pending = true
+		case <-retry.C:
 			pending = true
 		case <-throttle.C:
 		}
@@ -115,15 +125,24 @@ func (h *Hook) Run(ctx context.Context) error {
 			continue
 		}
 		st := h.state()
-		if fp := fingerprint(st); fp == last {
-			continue
-		} else {
-			last = fp
-		}
-		for _, p := range h.providers {
-			if err := p.Update(ctx, st); err != nil {
-				h.log.Warn("provider update failed", "provider", p.Name(), "err", err)
+		fp := fingerprint(st)
+		failed := false
+		for i, p := range h.providers {
+			if told[i] == fp {
+				continue
 			}
+			if err := p.Update(ctx, st); err != nil {
+				failed = true
+				h.log.Warn("provider update failed; trying again", "provider", p.Name(), "err", err, "in", nextBackoff(backoff))
+				continue
+			}
+			told[i] = fp
+		}
+		if failed {
+			backoff = nextBackoff(backoff)
+			retry.Reset(backoff)
+		} else {
+			backoff = 0
 		}
 	}
 	// Withdraw first: routers must stop sending here before the dataplane goes.
@@ -139,6 +158,20 @@ func (h *Hook) Run(ctx context.Context) error {
 		h.notifier.Wait()
 	}
 	return nil
+}
+
+// The back-off of a failed provider update: retryFirst, doubling up to
+// retryMax.
+const (
+	retryFirst = time.Second
+	retryMax   = 30 * time.Second
+)
+
+func nextBackoff(d time.Duration) time.Duration {
+	if d <= 0 {
+		return retryFirst
+	}
+	return min(2*d, retryMax)
 }
 
 // standby: a controller that is not the leader has nothing to tell its
