@@ -78,7 +78,7 @@ func (n *NS) AskSCTP(addr netip.AddrPort, timeout time.Duration) (Reply, error) 
 		}
 		tv := unix.NsecToTimeval(timeout.Nanoseconds())
 		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-		if err := unix.Connect(fd, sockaddr(addr)); err != nil {
+		if err := connect(fd, sockaddr(addr), timeout); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -92,4 +92,41 @@ func (n *NS) AskSCTP(addr netip.AddrPort, timeout time.Duration) (Reply, error) 
 	}
 	defer c.Close()
 	return AskOn(c, timeout)
+}
+
+// connect connects the blocking socket fd to sa. A signal of the Go
+// runtime (preemption) can interrupt the call (EINTR) while the kernel
+// goes on connecting; then it waits for the socket to turn writable, up
+// to timeout, and returns the connection's own outcome (SO_ERROR).
+func connect(fd int, sa unix.Sockaddr, timeout time.Duration) error {
+	err := unix.Connect(fd, sa)
+	if !errors.Is(err, unix.EINTR) {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return unix.ETIMEDOUT
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(fds, int(wait.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return unix.ETIMEDOUT
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if soErr != 0 {
+			return unix.Errno(soErr)
+		}
+		return nil
+	}
 }
