@@ -41,8 +41,8 @@ func BuildAgnhostImage(bin, path string) error {
 // image the Dockerfile's default target makes, /usr/local/bin/agent alone
 // (FROM scratch), as ref to path.
 func BuildAgentImage(ctx context.Context, ref, path string) error {
-	bin := path + ".agent"
-	if err := GoBuild(ctx, bin, "./cmd/agent", "-tags", "grpcnotrace", "-ldflags", "-s -w"); err != nil {
+	bin, err := agentBinary(ctx, path)
+	if err != nil {
 		return err
 	}
 	return WriteImage(ImageSpec{
@@ -100,8 +100,8 @@ func BuildKubeProxyImage(bin, path string) error {
 // BuildAgentIPVSImage writes the image the Dockerfile's ipvs target makes:
 // the agent with iptables.
 func BuildAgentIPVSImage(ctx context.Context, ref, path string) error {
-	bin := path + ".agent"
-	if err := GoBuild(ctx, bin, "./cmd/agent", "-tags", "grpcnotrace", "-ldflags", "-s -w"); err != nil {
+	bin, err := agentBinary(ctx, path)
+	if err != nil {
 		return err
 	}
 	spec := ImageSpec{
@@ -128,4 +128,11 @@ func BuildCoreDNSImage(bin, path string) error {
 		Dirs:       []string{"/tmp", "/etc"},
 		Entrypoint: []string{"/coredns"},
 	}, path)
+}
+
+// agentBinary builds the agent as `make build` does, next to the image
+// tarball path, and returns its path.
+func agentBinary(ctx context.Context, path string) (string, error) {
+	bin := path + ".agent"
+	return bin, GoBuild(ctx, bin, "./cmd/agent", "-tags", "grpcnotrace", "-ldflags", "-s -w")
 }
