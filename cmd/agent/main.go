@@ -4,6 +4,7 @@
 //	agent controller the cloud hook's cluster-wide part (IP allocation,
 //	                 Service status, webhook), leader-elected, as a Deployment
 //	agent dump-rules show what the kernel holds, per Service port
+//	agent trace      tell which way a packet goes through the kernel's rules
 //	agent cleanup    remove everything onehop installed (with
 //	                 --kube-proxy-leftovers: only kube-proxy's rules)
 //	agent version    print the version
@@ -41,6 +42,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = controllerCmd(ctx, args[1:], stderr)
 	case "dump-rules":
 		err = dumpCmd(ctx, args[1:], stdout, stderr)
+	case "trace":
+		err = traceCmd(ctx, args[1:], stdout, stderr)
 	case "cleanup":
 		err = cleanupCmd(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
@@ -66,6 +69,10 @@ commands:
   run          program the kernel from Services, EndpointSlices and this Node
   controller   the cloud hook's cluster-wide part: LoadBalancer IPs, Service status, webhook
   dump-rules   print the kernel's onehop state per Service port (-o table|json|nft)
+  trace        tell which way a new connection goes through the kernel's rules: the
+               Service it matches, masquerade, policies, endpoints and their weights,
+               affinity, conntrack (--from ADDR|node, --from-pod NS/NAME, --to ADDR:PORT/PROTO,
+               -o text|json)
   cleanup      remove everything onehop installed, and nothing else
   version      print the version
 
