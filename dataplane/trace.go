@@ -146,16 +146,14 @@ func (t *Trace) WriteText(w io.Writer) error {
 		b.WriteString("matched: no way into a Service\n")
 	}
 	b.WriteString("\npath:\n")
-	writeSteps(&b, t.Steps, "  ")
+	chain := writeSteps(&b, t.Steps, "  ", "")
 	b.WriteString("\noutcome:\n")
 	for _, o := range t.Outcomes {
 		fmt.Fprintf(&b, "  %5.1f%%  %s\n", o.Weight*100, o.summary())
 		if o.Why != "" {
 			fmt.Fprintf(&b, "          %s\n", o.Why)
 		}
-		if len(t.Outcomes) > 1 || len(o.Steps) > 0 {
-			writeSteps(&b, o.Steps, "          ")
-		}
+		writeSteps(&b, o.Steps, "          ", chain)
 	}
 	section := func(title string, lines []string) {
 		if len(lines) == 0 {
@@ -200,25 +198,34 @@ func (t *Trace) WriteText(w io.Writer) error {
 	return err
 }
 
-func writeSteps(b *strings.Builder, steps []TraceStep, indent string) {
+// writeSteps writes steps under a line naming each chain they are in;
+// chain is the chain of the step before them. It returns the last chain.
+func writeSteps(b *strings.Builder, steps []TraceStep, indent, chain string) string {
 	for _, s := range steps {
-		switch {
-		case s.Rule == "" && s.Hook != "":
-			fmt.Fprintf(b, "%shook %s: chain %s", indent, s.Hook, s.Chain)
-		case s.Rule == "":
-			fmt.Fprintf(b, "%schain %s", indent, s.Chain)
-		default:
-			fmt.Fprintf(b, "%s  %s", indent, s.Rule)
-		}
-		if s.Note != "" {
-			if s.Rule == "" {
-				fmt.Fprintf(b, ": %s", s.Note)
+		if s.Rule == "" {
+			if s.Hook != "" {
+				fmt.Fprintf(b, "%shook %s: ", indent, s.Hook)
 			} else {
-				fmt.Fprintf(b, "\n%s    => %s", indent, s.Note)
+				b.WriteString(indent)
 			}
+			fmt.Fprintf(b, "chain %s", s.Chain)
+			if s.Note != "" {
+				fmt.Fprintf(b, ": %s", s.Note)
+			}
+			b.WriteString("\n")
+			chain = s.Chain
+			continue
 		}
-		b.WriteString("\n")
+		if s.Chain != chain {
+			fmt.Fprintf(b, "%schain %s\n", indent, s.Chain)
+			chain = s.Chain
+		}
+		fmt.Fprintf(b, "%s  %s\n", indent, s.Rule)
+		if s.Note != "" {
+			fmt.Fprintf(b, "%s    => %s\n", indent, s.Note)
+		}
 	}
+	return chain
 }
 
 func (o TraceOutcome) summary() string {

@@ -87,16 +87,7 @@ func TestSessionAffinity(t *testing.T) {
 func TestExternalTrafficPolicyLocal(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 3)
-	local := func(localIdx ...int) *portal.Service {
-		return service("web", func(p *portal.Portal) {
-			p.ClusterIPs = []netip.Addr{clusterIP}
-			p.NodePort = 30080
-			p.ExternalIPs = []netip.Addr{extIP}
-			p.ExternalLocal = true
-			p.ClusterEndpoints = eps(8080, 1, 2)
-			p.LocalEndpoints = eps(8080, localIdx...)
-		})
-	}
+	local := externalLocalService
 	tp.sync(t, snapshot(local(1)), true)
 	for _, network := range []string{"tcp", "udp"} {
 		for _, addr := range []string{nodeIP + ":30080", "203.0.113.10:80"} {
@@ -125,15 +116,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 func TestInternalTrafficPolicyLocal(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 3)
-	mk := func(localIdx ...int) *portal.Service {
-		return service("web", func(p *portal.Portal) {
-			p.ClusterIPs = []netip.Addr{clusterIP}
-			p.InternalLocal = true
-			p.NodePort = 30080
-			p.ClusterEndpoints = eps(8080, 1, 2)
-			p.LocalEndpoints = eps(8080, localIdx...)
-		})
-	}
+	mk := internalLocalService
 	tp.sync(t, snapshot(mk(2)), true)
 	if seen, _ := ask(t, tp.pods[0], "tcp", "10.96.0.10:80", 10); seen["pod2"] != 10 {
 		t.Errorf("internal Local: want the local endpoint only, got %v", seen)

@@ -124,3 +124,30 @@ func ask(t *testing.T, from *nsutil.NS, network, addr string, count int) (map[st
 	}
 	return seen, src
 }
+
+// externalLocalService is a Service with externalTrafficPolicy: Local: a
+// cluster IP, node port 30080 and external IP extIP, endpoints pod1 and
+// pod2, of which the pods localIdx are on this node.
+func externalLocalService(localIdx ...int) *portal.Service {
+	return service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.NodePort = 30080
+		p.ExternalIPs = []netip.Addr{extIP}
+		p.ExternalLocal = true
+		p.ClusterEndpoints = eps(8080, 1, 2)
+		p.LocalEndpoints = eps(8080, localIdx...)
+	})
+}
+
+// internalLocalService is a Service with internalTrafficPolicy: Local: a
+// cluster IP and node port 30080, endpoints pod1 and pod2, of which the pods
+// localIdx are on this node.
+func internalLocalService(localIdx ...int) *portal.Service {
+	return service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.InternalLocal = true
+		p.NodePort = 30080
+		p.ClusterEndpoints = eps(8080, 1, 2)
+		p.LocalEndpoints = eps(8080, localIdx...)
+	})
+}

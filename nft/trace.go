@@ -80,7 +80,9 @@ func (b *Backend) Trace(ctx context.Context, q dataplane.TraceQuery) (*dataplane
 	}
 	t.To, t.Protocol = netip.AddrPortFrom(dst, q.To.Port()).String(), proto.String()
 	if t.Match == nil {
-		t.Match = env.entryOf(pkt)
+		if t.Match = env.entryOf(pkt); t.Match != nil {
+			t.Notes = append(t.Notes, "the destination is a way into "+t.Match.Service+", but the packet is stopped before it is dispatched")
+		}
 	}
 	if t.Conntrack, err = conntrackOf(h, src, q.SourcePort, netip.AddrPortFrom(dst, q.To.Port()), byte(proto), t.Endpoints()); err != nil {
 		t.Notes = append(t.Notes, "conntrack not read: "+err.Error())

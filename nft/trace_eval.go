@@ -481,12 +481,9 @@ func (r *pathRun) lookup(chain string, e *expr.Lookup) (ruleResult, string) {
 		note := ""
 		if found {
 			r.hits = append(r.hits, lookupHit{e.SetName, s, el})
-			note = fmt.Sprintf("%s is in @%s", valueText(s.keyType, s.keyLen, key), e.SetName)
-			if isRangeSet(e.SetName) || s.anonymous() {
-				note = fmt.Sprintf("%s is in @%s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
-			}
+			note = fmt.Sprintf("%s is in %s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
 		} else {
-			note = fmt.Sprintf("%s is not in @%s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
+			note = fmt.Sprintf("%s is not in %s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
 		}
 		return ruleNext, note
 	}
@@ -494,7 +491,7 @@ func (r *pathRun) lookup(chain string, e *expr.Lookup) (ruleResult, string) {
 		return ruleBreak, ""
 	}
 	r.hits = append(r.hits, lookupHit{e.SetName, s, el})
-	note := fmt.Sprintf("@%s: %s", r.setLabel(e.SetName, s), elemText(s, el))
+	note := fmt.Sprintf("%s: %s", r.setLabel(e.SetName, s), elemText(s, el))
 	if e.DestRegister == 0 {
 		v := el.VerdictData
 		if v == nil {
@@ -509,12 +506,12 @@ func (r *pathRun) lookup(chain string, e *expr.Lookup) (ruleResult, string) {
 	return ruleNext, note
 }
 
-// setLabel names a set in a note: an anonymous set by its elements' place.
+// setLabel names a set in a note: @name, or the rule's own anonymous set.
 func (r *pathRun) setLabel(name string, s *setDecl) string {
 	if s.anonymous() {
-		return "the rule's anonymous " + map[bool]string{true: "map", false: "set"}[s.isMap()]
+		return "the rule's " + map[bool]string{true: "map", false: "set"}[s.isMap()]
 	}
-	return name
+	return "@" + name
 }
 
 // findElem looks key up as the kernel does: an exact match, or for an

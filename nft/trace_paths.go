@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -146,7 +147,7 @@ func (r *pathRun) meaning(chain, text string, rule *nftables.Rule, res ruleResul
 		r.check("externalTrafficPolicy: Local: this node's endpoints only, the client's source kept")
 	case isFirewallChain(chain) && res.kind == expr.VerdictDrop:
 		r.check("loadBalancerSourceRanges: %s is outside the ranges of chain %s: dropped", r.pkt.addr(false), chain)
-	case chain == chainNoEndpoints && res.chain == chainReject && len(r.hits) > 0 && isDispatchSet(r.hits[0].set):
+	case chain == chainNoEndpoints && res.chain == chainReject && has(isDispatchSet):
 		r.check("no endpoints: new connections are rejected")
 	case chain == chainNoEndpoints && res.chain == chainDrop:
 		r.check("endpoints on other nodes only, under a Local traffic policy: new connections are dropped")
@@ -176,8 +177,9 @@ func (r *pathRun) noteAffinity(chain, set string, el nftables.SetElement, found 
 	_, ep, _ := strings.Cut(set, "@")
 	switch {
 	case found:
-		r.affinity = &dataplane.TraceAffinity{Pinned: true, Endpoint: ep, Set: set, Expires: nftDuration(el.Expires),
-			Note: fmt.Sprintf("ClientIP affinity (chain %s): this client is pinned to %s by @%s, for %s more", chain, ep, set, nftDuration(el.Expires))}
+		left := nftDuration(el.Expires.Round(time.Second))
+		r.affinity = &dataplane.TraceAffinity{Pinned: true, Endpoint: ep, Set: set, Expires: left,
+			Note: fmt.Sprintf("ClientIP affinity (chain %s): this client is pinned to %s by @%s, for %s more", chain, ep, set, left)}
 	case r.affinity == nil:
 		r.affinity = &dataplane.TraceAffinity{
 			Note: fmt.Sprintf("ClientIP affinity (chain %s): this client is not pinned; a new connection picks an endpoint at random and pins the client to it", chain)}

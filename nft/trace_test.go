@@ -3,10 +3,12 @@ package nft
 import (
 	"context"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
@@ -192,4 +194,202 @@ func TestTraceClusterIPAndNodePort(t *testing.T) {
 	wantCheck(t, tr, "does not define")
 	tr = agree(t, tp, tp.pods[0], podIP(0), "tcp", "10.96.0.99:80", 1)
 	wantCheck(t, tr, "no Service holds")
+}
+
+func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.ExternalIPs = []netip.Addr{extIP}
+		p.LoadBalancerIPs = []netip.Addr{lbIP}
+		p.ClusterEndpoints = eps(8080, 1, 2)
+	})
+	tp.sync(t, snapshot(web), true)
+	client := netip.MustParseAddr(clientIP)
+	for _, network := range []string{"tcp", "udp"} {
+		svc := "default/web:p/" + network + "/ipv4"
+		for _, c := range []struct{ dst, kind string }{{"203.0.113.10:80", "external-ip"}, {"203.0.113.11:80", "load-balancer"}} {
+			tr := agree(t, tp, tp.client, client, network, c.dst, 30)
+			wantMatch(t, tr, c.kind, svc)
+			wantEqualWeights(t, tr, 2)
+			if !strings.Contains(tr.Outcomes[0].Why, "externalTrafficPolicy: Cluster") {
+				t.Errorf("want the masquerade explained by the Cluster policy, got %q", tr.Outcomes[0].Why)
+			}
+		}
+	}
+}
+
+func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	local := externalLocalService
+	tp.sync(t, snapshot(local(1)), true)
+	client := netip.MustParseAddr(clientIP)
+	for _, dst := range []string{nodeIP + ":30080", "203.0.113.10:80"} {
+		// An outside client: this node's endpoint, its source kept.
+		tr := agree(t, tp, tp.client, client, "tcp", dst, 10)
+		wantEqualWeights(t, tr, 1)
+		wantCheck(t, tr, "this node's endpoints only")
+	}
+	// A pod: all endpoints, its source kept; the node: all, masqueraded.
+	tr := agree(t, tp, tp.pods[0], podIP(0), "tcp", "203.0.113.10:80", 30)
+	wantEqualWeights(t, tr, 2)
+	wantCheck(t, tr, "inside the cluster CIDRs")
+	tr = agree(t, tp, tp.node, netip.Addr{}, "tcp", "203.0.113.10:80", 30)
+	wantEqualWeights(t, tr, 2)
+	wantCheck(t, tr, "the client is this node")
+	// No endpoint on this node: dropped.
+	tp.sync(t, snapshot(local()), false)
+	for _, dst := range []string{nodeIP + ":30080", "203.0.113.10:80"} {
+		tr := agree(t, tp, tp.client, client, "tcp", dst, 1)
+		wantCheck(t, tr, "no endpoint on this node: dropped")
+	}
+}
+
+func TestTraceInternalTrafficPolicyLocal(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	mk := internalLocalService
+	tp.sync(t, snapshot(mk(2)), true)
+	tr := agree(t, tp, tp.pods[0], podIP(0), "tcp", "10.96.0.10:80", 10)
+	wantEqualWeights(t, tr, 1)
+	wantCheck(t, tr, "this node's endpoints only")
+	tr = agree(t, tp, tp.client, netip.MustParseAddr(clientIP), "tcp", nodeIP+":30080", 30)
+	wantEqualWeights(t, tr, 2)
+	wantCheck(t, tr, "reaches all endpoints")
+	// Endpoints on other nodes only: dropped, not rejected.
+	tp.sync(t, snapshot(mk()), false)
+	tr = agree(t, tp, tp.pods[0], podIP(0), "tcp", "10.96.0.10:80", 1)
+	wantCheck(t, tr, "endpoints on other nodes only")
+}
+
+func TestTraceSourceRanges(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.LoadBalancerIPs = []netip.Addr{lbIP}
+		p.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/25")}
+		p.ClusterEndpoints = eps(8080, 1, 2)
+	})
+	tp.sync(t, snapshot(web), true)
+	for _, network := range []string{"tcp", "udp"} {
+		svc := "default/web:p/" + network + "/ipv4"
+		tr := agree(t, tp, tp.client, netip.MustParseAddr(clientIP), network, "203.0.113.11:80", 30)
+		wantCheck(t, tr, "within the ranges")
+		wantMatch(t, tr, "load-balancer", svc)
+		wantEqualWeights(t, tr, 2)
+		tr = agree(t, tp, tp.client2, netip.MustParseAddr(client2IP), network, "203.0.113.11:80", 1)
+		wantCheck(t, tr, "outside the ranges")
+		wantMatch(t, tr, "load-balancer", svc)
+	}
+}
+
+func TestTraceNoEndpoints(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 1)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.NodePort = 30080
+	})
+	tp.sync(t, snapshot(web), true)
+	for _, c := range []struct {
+		from *nsutil.NS
+		src  netip.Addr
+		dst  string
+	}{{tp.pods[0], podIP(0), "10.96.0.10:80"}, {tp.client, netip.MustParseAddr(clientIP), nodeIP + ":30080"}} {
+		tr := agree(t, tp, c.from, c.src, "tcp", c.dst, 1)
+		wantCheck(t, tr, "no endpoints: new connections are rejected")
+		if tr.Match == nil || tr.Match.Target != "goto reject" {
+			t.Errorf("want the no-endpoints element, got %+v", tr.Match)
+		}
+	}
+}
+
+func TestTraceAffinity(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.ClusterEndpoints = eps(8080, 1, 2)
+		p.Affinity.TimeoutSeconds = 600
+	})
+	tp.sync(t, snapshot(web), true)
+	tr := traceQuery(t, tp, podIP(0), "tcp", "10.96.0.10:80")
+	wantEqualWeights(t, tr, 2)
+	if tr.Affinity == nil || tr.Affinity.Pinned {
+		t.Fatalf("before its first connection the client must not be pinned: %+v", tr.Affinity)
+	}
+	first, _ := ask(t, tp.pods[0], "tcp", "10.96.0.10:80", 1)
+	tr = agree(t, tp, tp.pods[0], podIP(0), "tcp", "10.96.0.10:80", 10)
+	wantEqualWeights(t, tr, 1)
+	a := tr.Affinity
+	if a == nil || !a.Pinned {
+		t.Fatalf("after a connection the client must be pinned: %+v", a)
+	}
+	pinned := podNames(t, map[string]float64{a.Endpoint: 1})
+	if _, ok := pinned[slices.Collect(maps.Keys(first))[0]]; !ok {
+		t.Errorf("the trace pins the client to %s, its first connection went to %v", a.Endpoint, first)
+	}
+}
+
+func TestTraceHairpin(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 2)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.ClusterEndpoints = eps(8080, 0)
+	})
+	tp.sync(t, snapshot(web), true)
+	tr := agree(t, tp, tp.pods[0], podIP(0), "tcp", "10.96.0.10:80", 3)
+	if !strings.Contains(tr.Outcomes[0].Why, "hairpin") {
+		t.Errorf("want the masquerade explained as a hairpin, got %q", tr.Outcomes[0].Why)
+	}
+	// Another pod keeps its source.
+	agree(t, tp, tp.pods[1], podIP(1), "tcp", "10.96.0.10:80", 3)
+}
+
+// A UDP flow that exists keeps going to its endpoint after the Service
+// moved on: the trace says so, and the packet does so.
+func TestTraceConntrackWins(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	mk := func(idx int) *portal.Service {
+		return service("web", func(p *portal.Portal) {
+			p.ClusterIPs = []netip.Addr{clusterIP}
+			p.ClusterEndpoints = eps(8080, idx)
+			p.Hairpin = []netip.Addr{}
+		})
+	}
+	tp.sync(t, snapshot(mk(1)), true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := tp.pods[0].Dial(ctx, "udp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if r, err := nsutil.AskOn(c, 2*time.Second); err != nil || r.Name != nsutil.PodName(1) {
+		t.Fatalf("first exchange: %+v %v", r, err)
+	}
+	tp.sync(t, snapshot(mk(2)), false)
+	sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	tr, err := tp.b.Trace(ctx, dataplane.TraceQuery{From: podIP(0), SourcePort: sport, To: netip.MustParseAddrPort("10.96.0.10:80"), Protocol: "udp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := netip.AddrPortFrom(podIP(1), 8080).String()
+	if len(tr.Conntrack) != 1 || !tr.Conntrack[0].Exact || !tr.Conntrack[0].Elsewhere || tr.Conntrack[0].Endpoint != want {
+		t.Fatalf("want one conntrack entry of this flow to %s, elsewhere than the ruleset: %+v", want, tr.Conntrack)
+	}
+	if eps := tr.Endpoints(); len(eps) != 1 || eps[netip.AddrPortFrom(podIP(2), 8080).String()] != 1 {
+		t.Errorf("a new connection goes to pod2, trace says %v", eps)
+	}
+	if r, err := nsutil.AskOn(c, 2*time.Second); err != nil || r.Name != nsutil.PodName(1) {
+		t.Errorf("the flow must follow its conntrack entry to pod1: %+v %v", r, err)
+	}
+	// A new flow follows the ruleset, and the trace of the client without
+	// a port lists the old flow as one going elsewhere.
+	agree(t, tp, tp.pods[0], podIP(0), "udp", "10.96.0.10:80", 3)
 }
