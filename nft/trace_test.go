@@ -49,7 +49,7 @@ func podNames(t *testing.T, endpoints map[string]float64) map[string]float64 {
 		ap := netip.MustParseAddrPort(ep)
 		name := ""
 		for i := range 8 {
-			if ap == netip.AddrPortFrom(podIP(i), nsutil.EchoPort) {
+			if ap == netip.AddrPortFrom(podIP(i), nsutil.EchoPort) || ap == netip.AddrPortFrom(podIP6(i), nsutil.EchoPort) {
 				name = nsutil.PodName(i)
 			}
 		}
@@ -392,4 +392,30 @@ func TestTraceConntrackWins(t *testing.T) {
 	// A new flow follows the ruleset, and the trace of the client without
 	// a port lists the old flow as one going elsewhere.
 	agree(t, tp, tp.pods[0], podIP(0), "udp", "10.96.0.10:80", 3)
+}
+
+// IPv6 puts addresses in four register slots and ports after them: the
+// same ways in, traced and sent over IPv6.
+func TestTraceIPv6(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	key := portal.ServiceKey{Namespace: "default", Name: "ds"}
+	svc := &portal.Service{Key: key}
+	for _, proto := range []portal.Protocol{portal.TCP, portal.UDP} {
+		svc.Portals = append(svc.Portals, &portal.Portal{
+			Key: portal.PortKey{Service: key, Port: "p", Protocol: proto, Family: portal.IPv6}, Port: 80,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::10")}, NodePort: 30080,
+			ExternalIPs:      []netip.Addr{netip.MustParseAddr("2001:db8:99::10")},
+			ClusterEndpoints: []netip.AddrPort{netip.AddrPortFrom(podIP6(1), 8080), netip.AddrPortFrom(podIP6(2), 8080)}})
+	}
+	tp.sync(t, snapshot(svc), true)
+	client := netip.MustParseAddr(clientIP6)
+	for _, network := range []string{"tcp", "udp"} {
+		tr := agree(t, tp, tp.pods[0], podIP6(0), network, "[fd00:96::10]:80", 30)
+		wantMatch(t, tr, "cluster-ip", "default/ds:p/"+network+"/ipv6")
+		wantEqualWeights(t, tr, 2)
+		tr = agree(t, tp, tp.client, client, network, "["+nodeIP6+"]:30080", 30)
+		wantMatch(t, tr, "node-port", "default/ds:p/"+network+"/ipv6")
+		agree(t, tp, tp.client, client, network, "[2001:db8:99::10]:80", 30)
+	}
 }
