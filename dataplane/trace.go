@@ -68,7 +68,9 @@ type TraceStep struct {
 	Hook  string `json:"hook,omitempty"`
 	Chain string `json:"chain"`
 	Rule  string `json:"rule,omitempty"` // nft syntax; empty for entering or leaving a chain
-	Note  string `json:"note,omitempty"`
+	// Handle is the rule's handle in the kernel (nft -a list prints it).
+	Handle uint64 `json:"handle,omitempty"`
+	Note   string `json:"note,omitempty"`
 }
 
 // TraceOutcome is one way the packet can go, with its share of new

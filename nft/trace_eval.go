@@ -321,7 +321,7 @@ func (r *pathRun) noteRule(chain string, rule *nftables.Rule, res ruleResult, no
 			}
 		}
 	}
-	r.step(chain, text, strings.Join(notes, "; "))
+	r.steps = append(r.steps, dataplane.TraceStep{Chain: chain, Rule: text, Handle: rule.Handle, Note: strings.Join(notes, "; ")})
 }
 
 // isDispatchSet: the maps whose elements are the ways into Services.
