@@ -119,11 +119,9 @@ type pathRun struct {
 	masq            bool
 	snat            netip.Addr
 	markWhy, why    string
-	visited         []string // chains entered, in order
 	entry           *lookupHit
 	affinity        *dataplane.TraceAffinity
 	checks          []string
-	dropChain       string
 }
 
 // lookupHit is an element a rule found.
@@ -220,7 +218,6 @@ func (r *pathRun) runBase(base *nftables.Chain) bool {
 	}
 	var stack []frame
 	cur, i := base.Name, 0
-	r.visited = append(r.visited, cur)
 	for steps := 0; ; steps++ {
 		if steps > 10000 {
 			r.fail("more than 10000 rules on one path: a loop?")
@@ -260,7 +257,6 @@ func (r *pathRun) runBase(base *nftables.Chain) bool {
 				stack = append(stack, frame{cur, i})
 			}
 			cur, i = res.chain, 0
-			r.visited = append(r.visited, cur)
 			r.enter(cur)
 		case expr.VerdictReturn:
 			if len(stack) == 0 {
@@ -274,7 +270,6 @@ func (r *pathRun) runBase(base *nftables.Chain) bool {
 			if r.verdict == "" {
 				r.verdict = "drop"
 			}
-			r.dropChain = cur
 			return false
 		default:
 			r.fail("chain %s: verdict %s is not evaluated", cur, verdictText(&expr.Verdict{Kind: res.kind}))

@@ -1,10 +1,13 @@
 package nft
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"maps"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -38,6 +41,16 @@ func traceQuery(t *testing.T, tp *topo, src netip.Addr, network, dst string) *da
 		t.Fatal(err)
 	}
 	t.Logf("%s", b.String())
+	// -o json says the same.
+	var j bytes.Buffer
+	var back dataplane.Trace
+	if err := tr.WriteJSON(&j); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(j.Bytes(), &back); err != nil || back.Method != tr.Method || !reflect.DeepEqual(back.Match, tr.Match) ||
+		!reflect.DeepEqual(back.Endpoints(), tr.Endpoints()) || !reflect.DeepEqual(back.Checks, tr.Checks) || !reflect.DeepEqual(back.Affinity, tr.Affinity) {
+		t.Errorf("the JSON output does not read back as the trace (%v):\n%s", err, j.String())
+	}
 	return tr
 }
 
