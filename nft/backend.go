@@ -41,6 +41,8 @@ type Backend struct {
 	elements int
 	lastUse  uint32 // the table's use count after our last sync
 	gen      genTracker
+	// cfgKeyText is cfgKey, formatted once in New.
+	cfgKeyText string
 }
 
 type appliedService struct {
@@ -64,6 +66,7 @@ func New(cfg dataplane.Config, opts ...Option) *Backend {
 	for _, o := range opts {
 		o(b)
 	}
+	b.cfgKeyText = b.formatCfgKey()
 	b.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 	b.sets = map[string]*nftables.Set{}
 	for _, s := range fixedSets(b.table) {

@@ -48,13 +48,45 @@ func parseTag(tag []byte) (uint32, bool) {
 	return uint32(id), err == nil
 }
 
-// bodyTag is the tag of a per-portal chain with id holding body.
+// bodyTag is the tag of a per-portal chain with id holding body: ruleTag
+// of fmt's "%+v|%s" of body and cfgKey, written out by hand (a full sync
+// tags 10k chains; fmt's reflection was a sixth of its time). Kernels hold
+// tags written by either, so the bytes must stay the same
+// (TestBodyTagMatchesFmt).
 func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
-	return ruleTag(id, fmt.Sprintf("%+v|%s", body, b.cfgKey()))
+	var arr [512]byte
+	buf := append(arr[:0], "{family:"...)
+	buf = append(buf, body.family.String()...)
+	buf = append(buf, " shortCircuit:"...)
+	buf = append(buf, body.shortCircuit...)
+	buf = append(buf, " endpoints:["...)
+	for i, ep := range body.endpoints {
+		if i > 0 {
+			buf = append(buf, ' ')
+		}
+		buf = ep.AppendTo(buf)
+	}
+	buf = append(buf, "] affinity:"...)
+	buf = strconv.AppendUint(buf, uint64(body.affinity), 10)
+	buf = append(buf, " dropIfEmpty:"...)
+	buf = strconv.AppendBool(buf, body.dropIfEmpty)
+	buf = append(buf, "}|"...)
+	buf = append(buf, b.cfgKey()...)
+	// FNV-1a, 64 bits (hash/fnv's New64a), without its interface, so that
+	// buf stays on the stack.
+	h := uint64(14695981039346656037)
+	for _, c := range buf {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return fmt.Appendf(nil, "%s %d %016x", layoutVersion, id, h)
 }
 
-// cfgKey is what of the configuration the rules are made from.
-func (b *Backend) cfgKey() string {
+// cfgKey is what of the configuration the rules are made from (the
+// configuration does not change: New formats it once).
+func (b *Backend) cfgKey() string { return b.cfgKeyText }
+
+func (b *Backend) formatCfgKey() string {
 	return fmt.Sprintf("%v|%v|%v|%d|%v", b.cfg.ClusterCIDRs, b.cfg.ServiceCIDRs, b.cfg.MasqueradeAll, b.cfg.MasqueradeMark(), b.cfg.SourceRangesOnNodePorts)
 }
 

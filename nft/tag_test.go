@@ -1,0 +1,69 @@
+package nft
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/portal"
+	"github.com/onehop/onehop/test/nsutil"
+)
+
+// A chain's tag is a function of its body and the configuration alone:
+// its bytes are pinned here, since a new tag for the same body makes the
+// first sync after an upgrade rewrite every chain (and lose its counters).
+func TestBodyTagIsPinned(t *testing.T) {
+	b := New(dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, MasqueradeBit: 14})
+	body := chainBody{family: portal.IPv4, shortCircuit: "svc4/ns/web/tcp/http", affinity: 10800,
+		endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080"), netip.MustParseAddrPort("10.244.2.3:8080")}}
+	const want = "onehop5 7 a40d1171e6166e7d"
+	if got := string(b.bodyTag(7, body)); got != want {
+		t.Errorf("bodyTag = %q, want %q", got, want)
+	}
+}
+
+// envRestartNetns names the namespace TestRestartedProcessRewritesNothing
+// has its child process sync into.
+const envRestartNetns = "ONEHOP_NFT_RESTART_NETNS"
+
+// A new process finds the table the last one left and rewrites nothing:
+// no chain flushed, so its counters (and affinity) go on. A tag that
+// depended on anything but the rules (once, a pointer fmt printed from
+// inside netip.Addr) made every restart rewrite every chain.
+func TestRestartedProcessRewritesNothing(t *testing.T) {
+	if name := os.Getenv(envRestartNetns); name != "" {
+		// The child: the process before the restart.
+		f, err := os.Open("/run/netns/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		be := New(restartConfig(), WithNetNS(int(f.Fd())))
+		if _, err := be.Sync(context.Background(), bigSnapshot(50, 3), true); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	ns := nsutil.New(t, "ohrs-")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRestartedProcessRewritesNothing$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envRestartNetns+"="+ns.Name)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the first process: %v\n%s", err, out)
+	}
+	be := New(restartConfig(), WithNetNS(ns.FD()))
+	t.Cleanup(func() { _ = be.Cleanup(context.Background()) })
+	st, err := be.Sync(context.Background(), bigSnapshot(50, 3), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.ReadBack || st.Messages != 0 {
+		t.Errorf("the restarted process read the table back: %v, and sent %d messages; want it read and nothing sent", st.ReadBack, st.Messages)
+	}
+}
+
+func restartConfig() dataplane.Config {
+	return dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")}}
+}
