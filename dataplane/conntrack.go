@@ -3,9 +3,12 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,15 +46,19 @@ import (
 //   - when an address or NodePort is removed from a Service, entries DNATed
 //     through it are deleted.
 //
-// The first Apply after a start treats every Service as new, so entries
+// The first call after a start treats every Service as new, so entries
 // left from before a restart are checked against the current endpoints.
 //
-// Apply is meant to run after every applied sync (Runner.OnApplied). It
-// remembers the Services it saw (the immutable *portal.Service values, not
-// the snapshot's map) to compare with the next snapshot. Cleaning one
-// change costs one dump of the conntrack table per IP family involved;
-// syncs whose changes cannot leave stale entries cost a walk over the
-// Services and no netlink message.
+// OnApplied is meant to run after every applied sync (Runner.OnApplied).
+// It looks only at the snapshot's Dirty Services and remembers the
+// Services it saw (the immutable *portal.Service values, not the
+// snapshot's map) to compare with later ones, so a sync costs in
+// proportion to what changed. Cleaning costs one walk of the conntrack
+// table per IP family involved, which grows with the node's connections:
+// OnApplied walks it at most once per MinInterval. A change that arrives
+// sooner is cleaned, together with the ones that follow it, when the
+// interval is over, so a burst of changes costs one walk, and a change in
+// a quiet time is cleaned at once.
 //
 // SCTP entries are matched by address only: the netlink library does not
 // decode SCTP ports, so an SCTP flow counts as stale when its destination
@@ -60,11 +67,26 @@ import (
 type ConntrackCleaner struct {
 	log     *slog.Logger
 	netnsFD int
+	// MinInterval is the least time between two walks of the conntrack
+	// table started by OnApplied (default 1s); set it before the first call.
+	MinInterval time.Duration
 
 	mu     sync.Mutex
 	handle *netlink.Handle
-	// prev holds the Services as last cleaned successfully.
-	prev map[portal.ServiceKey]*portal.Service
+	closed bool
+	// prev holds the Services as last cleaned successfully; seeded is set
+	// once a whole snapshot has been taken in.
+	prev   map[portal.ServiceKey]*portal.Service
+	seeded bool
+	// pending holds the Services changed since (nil: deleted), as last
+	// applied; sctp the applied Services that have SCTP ports, and
+	// nodeAddrs the addresses NodePorts are served on, as last applied.
+	pending   map[portal.ServiceKey]*portal.Service
+	sctp      map[portal.ServiceKey]*portal.Service
+	nodeAddrs []netip.Addr
+	lastWalk  time.Time
+	walks     int // walks started, for tests
+	timer     *time.Timer
 }
 
 // NewConntrackCleaner returns a cleaner for the network namespace behind
@@ -73,26 +95,111 @@ func NewConntrackCleaner(log *slog.Logger, netnsFD int) *ConntrackCleaner {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ConntrackCleaner{log: log, netnsFD: netnsFD}
+	return &ConntrackCleaner{log: log, netnsFD: netnsFD, MinInterval: time.Second,
+		pending: map[portal.ServiceKey]*portal.Service{}, sctp: map[portal.ServiceKey]*portal.Service{}}
 }
 
-// OnApplied is Apply for Runner.OnApplied: errors are logged, and the same
-// changes are cleaned again at the next call.
+// OnApplied takes in the changes of an applied snapshot (snap.Dirty; the
+// whole snapshot the first time, so that entries left from before a
+// restart are checked against the current endpoints) and cleans them now,
+// or once MinInterval has passed since the last walk. Errors are logged,
+// and the same changes are cleaned again at the next call.
 func (c *ConntrackCleaner) OnApplied(snap *portal.Snapshot) {
-	if _, err := c.Apply(snap); err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if !c.seeded {
+		c.takeAll(snap)
+	} else {
+		for _, k := range snap.Dirty {
+			c.take(k, snap.Services[k])
+		}
+	}
+	c.nodeAddrs = slices.Clone(snap.Node.NodePortAddrs)
+	if len(c.pending) == 0 || c.timer != nil {
+		return // nothing to do, or a walk is already planned
+	}
+	if wait := c.MinInterval - time.Since(c.lastWalk); wait > 0 {
+		c.timer = time.AfterFunc(wait, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.timer = nil
+			if !c.closed {
+				c.cleanLogged()
+			}
+		})
+		return
+	}
+	c.cleanLogged()
+}
+
+func (c *ConntrackCleaner) cleanLogged() {
+	if _, err := c.clean(); err != nil {
 		c.log.Error("conntrack cleanup failed; retrying at the next sync", "err", err)
 	}
 }
 
-// Apply deletes the entries that the change from the previously applied
-// snapshot to snap makes stale, and returns how many it deleted. On error
-// snap is not remembered, so the next Apply cleans these changes again.
-// It does not keep snap.Services.
+// Apply compares the whole of snap with the Services last cleaned,
+// deletes the entries that the change makes stale, at once, and returns
+// how many it deleted. On error the changes stay pending, so the next call
+// cleans them again. It does not keep snap.Services.
 func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.takeAll(snap)
+	c.nodeAddrs = slices.Clone(snap.Node.NodePortAddrs)
+	return c.clean()
+}
+
+// takeAll records every difference between snap and the Services last
+// cleaned: what snap holds, and what it no longer holds.
+func (c *ConntrackCleaner) takeAll(snap *portal.Snapshot) {
+	for k, svc := range snap.Services {
+		if _, ok := c.pending[k]; ok || c.prev[k] != svc {
+			c.take(k, svc)
+		}
+	}
+	for k := range c.prev {
+		if _, ok := snap.Services[k]; !ok {
+			c.take(k, nil)
+		}
+	}
+	for k := range c.pending {
+		if _, ok := snap.Services[k]; !ok {
+			c.take(k, nil)
+		}
+	}
+	c.seeded = true
+}
+
+// take records svc (nil: deleted) as the latest version of k.
+func (c *ConntrackCleaner) take(k portal.ServiceKey, svc *portal.Service) {
+	c.pending[k] = svc
+	if hasSCTP(svc) {
+		c.sctp[k] = svc
+	} else {
+		delete(c.sctp, k)
+	}
+}
+
+func hasSCTP(svc *portal.Service) bool {
+	if svc == nil {
+		return false
+	}
+	for _, p := range svc.Portals {
+		if p.Key.Protocol == portal.SCTP {
+			return true
+		}
+	}
+	return false
+}
+
+// clean deletes the stale entries of the pending changes; c.mu is held.
+func (c *ConntrackCleaner) clean() (uint, error) {
 	began := time.Now()
-	f, changes := planConntrack(c.prev, snap)
+	f, changes := planChanges(c.prev, c.pending, c.nodeAddrs, maps.Values(c.sctp))
 	if f.empty() {
 		c.remember(changes)
 		return 0, nil
@@ -101,6 +208,8 @@ func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
 	if err != nil {
 		return 0, err
 	}
+	c.lastWalk = began
+	c.walks++
 	var total uint
 	var errs []error
 	for _, fam := range f.families() {
@@ -118,6 +227,7 @@ func (c *ConntrackCleaner) Apply(snap *portal.Snapshot) (uint, error) {
 	return total, nil
 }
 
+// remember makes the pending changes the cleaned state.
 func (c *ConntrackCleaner) remember(changes []ctChange) {
 	if c.prev == nil {
 		c.prev = map[portal.ServiceKey]*portal.Service{}
@@ -129,6 +239,7 @@ func (c *ConntrackCleaner) remember(changes []ctChange) {
 			c.prev[ch.key] = ch.svc
 		}
 	}
+	clear(c.pending)
 }
 
 func (c *ConntrackCleaner) netlink() (*netlink.Handle, error) {
@@ -155,6 +266,11 @@ func (c *ConntrackCleaner) netlink() (*netlink.Handle, error) {
 func (c *ConntrackCleaner) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
 	if c.handle != nil {
 		c.handle.Close()
 		c.handle = nil
@@ -278,20 +394,44 @@ type ctChange struct {
 	svc *portal.Service
 }
 
-// planConntrack compares the remembered Services with snap and returns the
-// filter of stale entries and the changes to the remembered Services.
-// Services are compared by pointer: the producer builds a new *Service when
-// one changes, so an unchanged Service costs one map lookup.
+// planConntrack compares the remembered Services with the whole of snap
+// and returns the filter of stale entries and the changes to the
+// remembered Services.
 func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snapshot) (*conntrackFilter, []ctChange) {
+	pending := map[portal.ServiceKey]*portal.Service{}
+	for k, svc := range snap.Services {
+		pending[k] = svc
+	}
+	for k := range prev {
+		if _, ok := snap.Services[k]; !ok {
+			pending[k] = nil
+		}
+	}
+	sctp := func(yield func(*portal.Service) bool) {
+		for _, svc := range snap.Services {
+			if hasSCTP(svc) && !yield(svc) {
+				return
+			}
+		}
+	}
+	return planChanges(prev, pending, snap.Node.NodePortAddrs, sctp)
+}
+
+// planChanges returns the filter of the entries that the pending changes
+// (Service -> its latest version, nil when deleted) make stale, and the
+// changes to the remembered Services. Services are compared by pointer:
+// the producer builds a new *Service when one changes. sctp yields the
+// latest Services that have SCTP ports.
+func planChanges(prev, pending map[portal.ServiceKey]*portal.Service, nodeAddrs []netip.Addr, sctp iter.Seq[*portal.Service]) (*conntrackFilter, []ctChange) {
 	f := &conntrackFilter{vips: map[ctVIP]*ctTarget{}, nodePorts: map[ctNodePort]*ctTarget{}}
-	for _, a := range snap.Node.NodePortAddrs {
+	for _, a := range nodeAddrs {
 		if f.nodeAddrs == nil {
 			f.nodeAddrs = map[netip.Addr]struct{}{}
 		}
 		f.nodeAddrs[a.Unmap()] = struct{}{}
 	}
 	var changes []ctChange
-	for k, svc := range snap.Services {
+	for k, svc := range pending {
 		old := prev[k]
 		if old == svc {
 			continue
@@ -299,13 +439,7 @@ func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snap
 		f.addChange(old, svc)
 		changes = append(changes, ctChange{k, svc})
 	}
-	for k, old := range prev {
-		if _, ok := snap.Services[k]; !ok {
-			f.addChange(old, nil)
-			changes = append(changes, ctChange{k, nil})
-		}
-	}
-	f.scopeSCTP(snap)
+	f.scopeSCTP(sctp)
 	return f, changes
 }
 
@@ -452,7 +586,7 @@ func (f *conntrackFilter) addVIP(v ctVIP, t *ctTarget) {
 // scopeSCTP widens each SCTP destination to the endpoints of every SCTP
 // port on that address: without ports, a flow to another SCTP port of the
 // same address must not look stale.
-func (f *conntrackFilter) scopeSCTP(snap *portal.Snapshot) {
+func (f *conntrackFilter) scopeSCTP(sctp iter.Seq[*portal.Service]) {
 	need := map[netip.Addr]*ctTarget{}
 	for v, t := range f.vips {
 		if v.proto == uint8(portal.SCTP) {
@@ -462,7 +596,7 @@ func (f *conntrackFilter) scopeSCTP(snap *portal.Snapshot) {
 	if len(need) == 0 {
 		return
 	}
-	for _, svc := range snap.Services {
+	for svc := range sctp {
 		for _, p := range svc.Portals {
 			if p.Key.Protocol != portal.SCTP {
 				continue

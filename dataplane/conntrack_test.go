@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -277,5 +278,66 @@ func BenchmarkConntrackPlan10k(b *testing.B) {
 		if f.empty() || len(changes) != 1 {
 			b.Fatal("want one change")
 		}
+	}
+}
+
+// OnApplied walks the conntrack table at most once per MinInterval: a
+// change in a quiet time at once, a burst of changes in one walk when the
+// interval is over; and it looks at the snapshot's Dirty Services only.
+func TestConntrackOnAppliedBatchesWalks(t *testing.T) {
+	ns := newTestNS(t)
+	c := NewConntrackCleaner(nil, ns.FD())
+	defer c.Close()
+	c.MinInterval = 300 * time.Millisecond
+	state := func() (walks, pending int) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.walks, len(c.pending)
+	}
+	dirty := func(s *portal.Snapshot, svcs ...*portal.Service) *portal.Snapshot {
+		s.Dirty = nil
+		for _, svc := range svcs {
+			s.Dirty = append(s.Dirty, svc.Key)
+		}
+		return s
+	}
+
+	a := udpService("a", portal.UDP, "10.244.1.10", "10.244.2.10")
+	c.OnApplied(ctSnap(a)) // the first call takes the whole snapshot: a is new
+	if w, p := state(); w != 1 || p != 0 {
+		t.Fatalf("first change in a quiet time: %d walks, %d pending; want 1 walk at once", w, p)
+	}
+
+	a2 := udpService("a", portal.UDP, "10.244.2.10") // lost an endpoint
+	b := udpService("b", portal.UDP, "10.244.3.10")
+	c.OnApplied(dirty(ctSnap(a2), a2))
+	c.OnApplied(dirty(ctSnap(a2, b), b))
+	if w, p := state(); w != 1 || p != 2 {
+		t.Fatalf("a burst within the interval: %d walks, %d pending; want both changes to wait", w, p)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if w, p := state(); p == 0 {
+			if w != 2 {
+				t.Fatalf("the burst took %d walks, want 1", w-1)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the burst was not cleaned after the interval")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.mu.Lock()
+	if c.prev[a2.Key] != a2 || c.prev[b.Key] != b {
+		t.Errorf("after the burst the cleaner remembers %v, want the latest a and b", c.prev)
+	}
+	c.mu.Unlock()
+
+	// Only Dirty counts: a Service changed but not listed is not looked at.
+	a3 := udpService("a", portal.UDP)
+	c.OnApplied(dirty(ctSnap(a3, b)))
+	if w, p := state(); w != 2 || p != 0 {
+		t.Errorf("a snapshot with nothing dirty: %d walks, %d pending; want no work", w, p)
 	}
 }

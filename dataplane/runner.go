@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,8 +19,9 @@ type SnapshotSource interface {
 
 // RunnerConfig paces the Runner.
 type RunnerConfig struct {
-	// MinSyncPeriod is the least time between two syncs: changes arriving
-	// faster are batched into one. 0 syncs as soon as a change arrives.
+	// MinSyncPeriod is the least time between two syncs that changed the
+	// kernel: changes arriving faster are batched into one. With 0 the
+	// syncs are paced by their cost instead (see Pace).
 	MinSyncPeriod time.Duration
 	// SyncPeriod is the most time between two syncs (default 30s).
 	SyncPeriod time.Duration
@@ -31,6 +33,24 @@ type RunnerConfig struct {
 	CheckPeriod time.Duration
 	// MaxBackoff bounds the wait before retrying a failed sync (default 30s).
 	MaxBackoff time.Duration
+}
+
+// Pacing by cost: after a sync that changed the kernel and took d, the
+// next one waits PaceFactor×d, at most MaxPace, or MinSyncPeriod when that
+// is longer. A change in a quiet time is applied at once; in a storm of
+// changes syncing takes about 1/(PaceFactor+1) of the time, each sync
+// batching what arrived meanwhile, whatever the number of Services. A
+// sync that changed nothing (a periodic one, or one whose changes
+// cancelled out) delays nothing.
+const (
+	PaceFactor = 20
+	MaxPace    = time.Second
+)
+
+// Pace is the least time between the end of a sync that changed the
+// kernel and took took, and the start of the next.
+func (c *RunnerConfig) Pace(took time.Duration) time.Duration {
+	return max(c.MinSyncPeriod, min(PaceFactor*took, MaxPace))
 }
 
 func (c *RunnerConfig) defaults() {
@@ -61,6 +81,11 @@ type Runner struct {
 	mu        sync.Mutex
 	onApplied []func(*portal.Snapshot)
 	onPanic   []func(ServicePanic)
+
+	// unapplied holds the Services changed in snapshots whose sync failed:
+	// the next successful sync lists them in the Dirty its OnApplied
+	// functions see. Only the sync goroutine uses it.
+	unapplied map[portal.ServiceKey]struct{}
 }
 
 // NewRunner returns a Runner; health and metrics may be nil.
@@ -81,8 +106,10 @@ func (r *Runner) Trigger() {
 }
 
 // OnApplied registers fn to be called after every successful sync with the
-// snapshot that is now in the kernel. fn runs on the sync goroutine and must
-// not keep snap.Services after it returns.
+// snapshot that is now in the kernel. snap.Dirty then lists every Service
+// changed since the previous call, also those of syncs that failed in
+// between, so that fn may look at those only. fn runs on the sync
+// goroutine and must not keep snap.Services after it returns.
 func (r *Runner) OnApplied(fn func(*portal.Snapshot)) {
 	r.mu.Lock()
 	r.onApplied = append(r.onApplied, fn)
@@ -103,7 +130,8 @@ func (r *Runner) OnServicePanic(fn func(ServicePanic)) {
 // back, or FullSyncPeriod has passed.
 func (r *Runner) Run(ctx context.Context) {
 	full := true
-	var lastSync, lastFull time.Time
+	var lastSync, lastFull time.Time // lastSync: the end of the last sync that changed the kernel
+	var lastTook time.Duration
 	backoff := time.Duration(0)
 	check := time.NewTicker(r.cfg.CheckPeriod)
 	defer check.Stop()
@@ -126,7 +154,7 @@ func (r *Runner) Run(ctx context.Context) {
 			}
 			continue
 		}
-		if wait := r.cfg.MinSyncPeriod - time.Since(lastSync); wait > 0 {
+		if wait := r.cfg.Pace(lastTook) - time.Since(lastSync); wait > 0 {
 			if !sleep(ctx, wait) {
 				return
 			}
@@ -137,8 +165,12 @@ func (r *Runner) Run(ctx context.Context) {
 		if time.Since(lastFull) > r.cfg.FullSyncPeriod {
 			full = true
 		}
-		err := r.SyncOnce(ctx, full)
-		lastSync = time.Now()
+		stats, err := r.syncOnce(ctx, full)
+		if err != nil || stats.Full || stats.Messages > 0 {
+			// Paced by the dataplane's own work: what runs after it
+			// (conntrack cleanup, health checks) has its own limits.
+			lastSync, lastTook = time.Now(), stats.Duration
+		}
 		if err != nil {
 			full = true
 			backoff = min(max(2*backoff, 500*time.Millisecond), r.cfg.MaxBackoff)
@@ -147,7 +179,7 @@ func (r *Runner) Run(ctx context.Context) {
 			continue
 		}
 		if full {
-			lastFull = lastSync
+			lastFull = time.Now()
 		}
 		full, backoff = false, 0
 		periodic.Reset(r.cfg.SyncPeriod)
@@ -156,12 +188,33 @@ func (r *Runner) Run(ctx context.Context) {
 
 // SyncOnce takes a snapshot and applies it.
 func (r *Runner) SyncOnce(ctx context.Context, full bool) error {
+	_, err := r.syncOnce(ctx, full)
+	return err
+}
+
+func (r *Runner) syncOnce(ctx context.Context, full bool) (SyncStats, error) {
 	snap, triggers := r.src.Snapshot()
 	stats, err := r.dp.Sync(ctx, snap, full)
 	r.metrics.ObserveSync(stats, err)
 	r.reportPanics(ctx, stats.Panics)
 	if err != nil {
-		return err
+		if r.unapplied == nil {
+			r.unapplied = map[portal.ServiceKey]struct{}{}
+		}
+		for _, k := range snap.Dirty {
+			r.unapplied[k] = struct{}{}
+		}
+		return stats, err
+	}
+	if len(r.unapplied) > 0 {
+		for _, k := range snap.Dirty {
+			delete(r.unapplied, k)
+		}
+		dirty := slices.Clone(snap.Dirty)
+		for k := range r.unapplied {
+			dirty = append(dirty, k)
+		}
+		snap.Dirty, r.unapplied = dirty, nil
 	}
 	level := slog.LevelDebug
 	if stats.Full || stats.Changed > 0 {
@@ -182,7 +235,7 @@ func (r *Runner) SyncOnce(ctx context.Context, full bool) error {
 	for _, fn := range fns {
 		fn(snap)
 	}
-	return nil
+	return stats, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -53,6 +54,12 @@ type ServiceHealth struct {
 	// retry failing the same way at every sync does not repeat the event.
 	reported map[portal.ServiceKey]string
 	closed   bool
+	// wanted holds the applied Services that need a health-check node
+	// port, kept up to date from each snapshot's Dirty Services (the
+	// first snapshot is taken whole), so an Update costs in proportion to
+	// the changes and to these Services, not to every Service.
+	wanted map[portal.ServiceKey]*portal.Service
+	seeded bool
 }
 
 // ServiceHealthOption configures a ServiceHealth.
@@ -76,7 +83,8 @@ func NewServiceHealth(log *slog.Logger, events EventFunc, opts ...ServiceHealthO
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &ServiceHealth{log: log, events: events, servers: map[uint16]*hcServer{}, reported: map[portal.ServiceKey]string{}}
+	s := &ServiceHealth{log: log, events: events, servers: map[uint16]*hcServer{}, reported: map[portal.ServiceKey]string{},
+		wanted: map[portal.ServiceKey]*portal.Service{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -115,26 +123,43 @@ type hcWant struct {
 
 // Update makes the servers match snap: one per health-check node port of a
 // Service with externalTrafficPolicy: Local, answering for the number of
-// local endpoints snap gives. It does not keep snap.
+// local endpoints snap gives. It keeps the *Service values it serves, not
+// snap.Services.
 func (s *ServiceHealth) Update(snap *portal.Snapshot) {
-	want := map[uint16]hcWant{}
-	var clashes []hcWant
-	var keys []portal.ServiceKey
-	for k, svc := range snap.Services {
-		if hcPort(svc) != 0 {
-			keys = append(keys, k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	take := func(k portal.ServiceKey, svc *portal.Service) {
+		if svc != nil && hcPort(svc) != 0 {
+			s.wanted[k] = svc
+		} else {
+			delete(s.wanted, k)
 		}
 	}
+	if !s.seeded {
+		for k, svc := range snap.Services {
+			take(k, svc)
+		}
+		s.seeded = true
+	} else {
+		for _, k := range snap.Dirty {
+			take(k, snap.Services[k])
+		}
+	}
+	want := map[uint16]hcWant{}
+	var clashes []hcWant
 	// Sorted, so that on a (API-forbidden) port clash the same Service wins
 	// every time.
-	slices.SortFunc(keys, func(a, b portal.ServiceKey) int {
+	keys := slices.SortedFunc(maps.Keys(s.wanted), func(a, b portal.ServiceKey) int {
 		if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Name, b.Name)
 	})
 	for _, k := range keys {
-		svc := snap.Services[k]
+		svc := s.wanted[k]
 		port := hcPort(svc)
 		w := hcWant{svc: k, count: localEndpointCount(svc)}
 		if _, taken := want[port]; taken { // forbidden by the API; first in order wins
@@ -144,14 +169,9 @@ func (s *ServiceHealth) Update(snap *portal.Snapshot) {
 		want[port] = w
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
 	failing := map[portal.ServiceKey]bool{}
 	for _, w := range clashes {
-		port := hcPort(snap.Services[w.svc])
+		port := hcPort(s.wanted[w.svc])
 		s.fail(w.svc, port, fmt.Sprintf("health check node port %d is already served for %s", port, want[port].svc), nil)
 		failing[w.svc] = true
 	}

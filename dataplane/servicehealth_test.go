@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +52,20 @@ func snapOf(svcs ...*portal.Service) *portal.Snapshot {
 	return s
 }
 
+// withGone lists in snap.Dirty the Services sh serves that snap no longer
+// holds, as the Tracker lists deleted Services, so that a test may pass
+// snapOf the Services that remain.
+func withGone(sh *ServiceHealth, snap *portal.Snapshot) *portal.Snapshot {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for k := range sh.wanted {
+		if _, ok := snap.Services[k]; !ok {
+			snap.Dirty = append(snap.Dirty, k)
+		}
+	}
+	return snap
+}
+
 // hcAnswer is one answer of a health-check node port.
 type hcAnswer struct {
 	code   int
@@ -86,7 +103,7 @@ func getIn(t *testing.T, n *nsutil.NS, url string) (hcAnswer, error) {
 // update runs sh.Update inside n, so that the servers' sockets are n's.
 func update(t *testing.T, n *nsutil.NS, sh *ServiceHealth, snap *portal.Snapshot) {
 	t.Helper()
-	if err := n.Do(func() error { sh.Update(snap); return nil }); err != nil {
+	if err := n.Do(func() error { sh.Update(withGone(sh, snap)); return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -202,7 +219,7 @@ func TestServiceHealthOnlyLocalServicesWithPort(t *testing.T) {
 		return net.Listen("tcp", "127.0.0.1:0")
 	}))
 	defer sh.Close()
-	sh.Update(snapOf(cluster, noPort, local))
+	sh.Update(withGone(sh, snapOf(cluster, noPort, local)))
 	if got := sh.Ports(); len(got) != 1 || got[0] != 31003 {
 		t.Errorf("served ports %v, want only [31003]", got)
 	}
@@ -290,18 +307,18 @@ func TestServiceHealthClashEvent(t *testing.T) {
 	}))
 	defer sh.Close()
 	snap := snapOf(localService("a", 31008, "10.244.1.10"), localService("b", 31008))
-	sh.Update(snap)
+	sh.Update(withGone(sh, snap))
 	ev := events.take()
 	if len(ev) != 1 || ev[0].svc.Name != "b" || !strings.Contains(ev[0].detail, "shop/a") {
 		t.Errorf("events %+v, want one on shop/b naming shop/a (a sorts first and keeps the port)", ev)
 	}
-	sh.Update(snap)
+	sh.Update(withGone(sh, snap))
 	if ev := events.take(); len(ev) != 0 {
 		t.Errorf("the same clash reported again: %+v", ev)
 	}
 	// Once the clash is gone and comes back, it is reported again.
-	sh.Update(snapOf(localService("a", 31008, "10.244.1.10")))
-	sh.Update(snap)
+	sh.Update(withGone(sh, snapOf(localService("a", 31008, "10.244.1.10"))))
+	sh.Update(withGone(sh, snap))
 	if ev := events.take(); len(ev) != 1 {
 		t.Errorf("events %+v after the clash came back, want one", ev)
 	}
@@ -330,5 +347,37 @@ func TestProxyHealthyFollowsQueuedUpdates(t *testing.T) {
 	h.SyncNode(true, true)
 	if !h.ProxyHealthy() {
 		t.Error("a deleting, tainted node made the proxy unhealthy")
+	}
+}
+
+// Update looks at the snapshot's Dirty Services only (after the first,
+// taken whole): a sync costs what changed, not a walk of every Service.
+func TestServiceHealthFollowsDirty(t *testing.T) {
+	listen := func(ctx context.Context, _ uint16) (net.Listener, error) {
+		var lc net.ListenConfig
+		return lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	}
+	sh := NewServiceHealth(slog.New(slog.NewTextHandler(io.Discard, nil)), nil, WithHealthListener(listen))
+	defer sh.Close()
+	ports := func() []uint16 {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return slices.Sorted(maps.Keys(sh.servers))
+	}
+	sh.Update(snapOf(localService("a", 31001, "10.244.1.10")))
+	if got := ports(); !slices.Equal(got, []uint16{31001}) {
+		t.Fatalf("first snapshot: serving %v, want [31001]", got)
+	}
+	moved := snapOf(localService("a", 31002, "10.244.1.10"))
+	dirty := moved.Dirty
+	moved.Dirty = nil
+	sh.Update(moved)
+	if got := ports(); !slices.Equal(got, []uint16{31001}) {
+		t.Errorf("a change not listed in Dirty was looked at: serving %v", got)
+	}
+	moved.Dirty = dirty
+	sh.Update(moved)
+	if got := ports(); !slices.Equal(got, []uint16{31002}) {
+		t.Errorf("after the change is listed: serving %v, want [31002]", got)
 	}
 }
