@@ -18,8 +18,9 @@ import (
 // EnvAgent names the environment variable with a prebuilt agent binary.
 const EnvAgent = "ONEHOP_AGENT"
 
-// agentBinary returns path, $ONEHOP_AGENT, or a fresh `go build ./cmd/agent`
-// in dir.
+// agentBinary returns path, $ONEHOP_AGENT, or a fresh `make build` into
+// dir: the binary as shipped (its build tags, stripped), so that what the
+// tests measure, its memory included, is what runs on a node.
 func agentBinary(ctx context.Context, path, dir string) (string, error) {
 	if path == "" {
 		path = os.Getenv(EnvAgent)
@@ -35,10 +36,10 @@ func agentBinary(ctx context.Context, path, dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "agent")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/agent")
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "build", "BIN="+out)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/agent: %v\n%s", err, b)
+		return "", fmt.Errorf("make build: %v\n%s", err, b)
 	}
 	return out, nil
 }

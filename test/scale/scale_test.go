@@ -31,10 +31,12 @@ import (
 type knobs struct {
 	services, endpoints, flips int
 	report                     string
+	profiles                   string // a directory for node 1's agent's pprof profiles
 }
 
 func knobsFromEnv(t *testing.T) knobs {
-	k := knobs{services: 300, endpoints: 10, flips: 10, report: os.Getenv("ONEHOP_SCALE_REPORT")}
+	k := knobs{services: 300, endpoints: 10, flips: 10, report: os.Getenv("ONEHOP_SCALE_REPORT"),
+		profiles: os.Getenv("ONEHOP_SCALE_PROFILES")}
 	for name, v := range map[string]*int{"ONEHOP_SCALE_SERVICES": &k.services, "ONEHOP_SCALE_ENDPOINTS": &k.endpoints, "ONEHOP_SCALE_FLIPS": &k.flips} {
 		if s := os.Getenv(name); s != "" {
 			n, err := strconv.Atoi(s)
@@ -51,12 +53,17 @@ func knobsFromEnv(t *testing.T) knobs {
 func TestEndToEndScale(t *testing.T) {
 	k := knobsFromEnv(t)
 	res := &results{knobs: k, load: [2]string{loadAvg()}}
-	c := netns.NewForTest(t, netns.Config{Nodes: 2, PodsPerNode: 2})
+	cfg := netns.Config{Nodes: 2, PodsPerNode: 2}
+	if k.profiles != "" {
+		cfg.AgentArgs = append(cfg.AgentArgs, "--profiling")
+	}
+	c := netns.NewForTest(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
 	node := c.Nodes[0]
 	from := node.Pods[0]
 	podA, podB := c.Nodes[1].Pods[0], c.Nodes[1].Pods[1]
+	prof := newProfiler(t, k.profiles, node)
 
 	// A client of its own: the objects are written as fast as the
 	// apiserver takes them.
@@ -70,6 +77,7 @@ func TestEndToEndScale(t *testing.T) {
 	// Creation: N Services with E endpoints each, then the probe Service.
 	cpu0 := cpuSeconds(t, node.Agent().Pid())
 	began := time.Now()
+	stopProf := prof.cpu(ctx, "create", 20)
 	createServices(ctx, t, client, k)
 	probe, err := c.CreateService(ctx, probeService())
 	if err != nil {
@@ -86,6 +94,8 @@ func TestEndToEndScale(t *testing.T) {
 	}
 	res.converge = time.Since(written)
 	res.createCPU = cpuSeconds(t, node.Agent().Pid()) - cpu0
+	stopProf()
+	prof.heap(ctx, "synced")
 	t.Logf("created %d Services x %d endpoints in %v; the last one answered %v after the last write; agent CPU %.1f s",
 		k.services, k.endpoints, res.create.Round(time.Millisecond), res.converge.Round(time.Millisecond), res.createCPU)
 	res.mem = memory(t, node.Agent().Pid())
@@ -119,11 +129,13 @@ func TestEndToEndScale(t *testing.T) {
 	killed := time.Now()
 	c.KillAgent(node)
 	<-node.Agent().Done()
+	stopProf = prof.cpu(ctx, "warm-restart", 5)
 	if err := c.StartAgent(ctx, node); err != nil {
 		t.Fatal(err)
 	}
 	res.warm = time.Since(killed)
 	res.fullSync = fullSyncSeconds(ctx, t, node)
+	stopProf()
 	if err := flipOnce(ctx, c, probe, from, &cur, podA, podB); err != nil {
 		t.Fatalf("flip after a warm restart: %v", err)
 	}
@@ -138,6 +150,7 @@ func TestEndToEndScale(t *testing.T) {
 	}
 	cleaned := time.Since(killed)
 	started := time.Now()
+	stopProf = prof.cpu(ctx, "cold-restart", 5)
 	if err := c.StartAgent(ctx, node); err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +159,7 @@ func TestEndToEndScale(t *testing.T) {
 	}
 	res.cold = time.Since(started)
 	res.coldFullSync = fullSyncSeconds(ctx, t, node)
+	stopProf()
 	t.Logf("cold restart: cleanup %v, start until the Service answers %v", cleaned.Round(time.Millisecond), res.cold.Round(time.Millisecond))
 	loop.resume()
 	if err := flipOnce(ctx, c, probe, from, &cur, podA, podB); err != nil {
