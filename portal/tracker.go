@@ -135,7 +135,7 @@ func (t *Tracker) SetSlice(es *discovery.EndpointSlice) {
 		t.slices[k] = m
 	}
 	m[es.Name] = es
-	if ts, err := time.Parse(time.RFC3339Nano, es.Annotations["endpoints.kubernetes.io/last-change-trigger-time"]); err == nil {
+	if ts, err := time.Parse(time.RFC3339Nano, es.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
 		t.triggers = append(t.triggers, ts)
 	}
 	t.markLocked(k)

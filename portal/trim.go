@@ -1,6 +1,8 @@
 package portal
 
 import (
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 )
 
@@ -10,10 +12,11 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // TrimForCache drops from an object what the model never reads, before
 // the informer caches it: the managed fields (the server-side apply
-// bookkeeping, about as large as the object itself) and kubectl's
-// last-applied copy. At 10k Services with their EndpointSlices that is a
-// large share of the agent's heap, on every node. Only for caches whose
-// objects are never written back (the annotation would be lost): it is a
+// bookkeeping, about as large as the object itself), kubectl's
+// last-applied copy, and for Services and EndpointSlices the fields below.
+// At 10k Services with their EndpointSlices the caches are most of the
+// agent's heap, on every node. Only for caches whose objects are never
+// written back (what is dropped would be lost): it is a
 // cache.TransformFunc; objects it does not know pass unchanged.
 func TrimForCache(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
@@ -21,8 +24,40 @@ func TrimForCache(obj any) (any, error) {
 		if a := m.GetAnnotations(); a[lastApplied] != "" {
 			delete(a, lastApplied)
 		}
+		m.SetOwnerReferences(nil)
+	}
+	switch o := obj.(type) {
+	case *discovery.EndpointSlice:
+		trimSlice(o)
+	case *v1.Service:
+		// The selector is the EndpointSlice controller's business; the
+		// proxy reads the slices. Conditions are written by controllers.
+		o.Spec.Selector = nil
+		o.Status.Conditions = nil
 	}
 	return obj, nil
+}
+
+// trimSlice keeps of an EndpointSlice what the model reads (addresses,
+// conditions, node name, zone hints, ports, the Service name label and the
+// trigger-time annotation) in as little memory as it takes.
+func trimSlice(es *discovery.EndpointSlice) {
+	if name, ok := es.Labels[LabelServiceName]; ok && len(es.Labels) > 1 {
+		es.Labels = map[string]string{LabelServiceName: name}
+	}
+	if t, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]; ok && len(es.Annotations) > 1 {
+		es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: t}
+	} else if !ok {
+		es.Annotations = nil
+	}
+	// The decoder grows the list by appending: a copy of the right length
+	// gives back the unused capacity.
+	eps := make([]discovery.Endpoint, len(es.Endpoints))
+	for i, ep := range es.Endpoints {
+		ep.TargetRef, ep.Hostname, ep.DeprecatedTopology, ep.Zone = nil, nil, nil, nil
+		eps[i] = ep
+	}
+	es.Endpoints = eps
 }
 
 // TrimManagedFields drops only the managed fields: for caches whose
