@@ -43,6 +43,10 @@ type SyncStats struct {
 	Rules    int // rules in the ruleset after the sync
 	Elements int // map/set elements after the sync
 	Duration time.Duration
+	// CPU is the CPU time the sync's thread spent (the kernel's work on
+	// its netlink messages included), without the time it waited for a
+	// CPU on a busy node; the Runner fills it in and paces syncs by it.
+	CPU time.Duration
 	// Panics are the Services left out of this sync because rendering them
 	// panicked (see ServicePanic).
 	Panics []ServicePanic

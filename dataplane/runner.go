@@ -3,9 +3,12 @@ package dataplane
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -35,20 +38,21 @@ type RunnerConfig struct {
 	MaxBackoff time.Duration
 }
 
-// Pacing by cost: after a sync that changed the kernel and took d, the
-// next one waits PaceFactor×d, at most MaxPace, or MinSyncPeriod when that
-// is longer. A change in a quiet time is applied at once; in a storm of
-// changes syncing takes about 1/(PaceFactor+1) of the time, each sync
-// batching what arrived meanwhile, whatever the number of Services. A
-// sync that changed nothing (a periodic one, or one whose changes
-// cancelled out) delays nothing.
+// Pacing by cost: after a sync that changed the kernel and cost d of CPU
+// time (the kernel's work on its messages included, not the time it
+// waited for a CPU), the next one waits PaceFactor×d, at most MaxPace, or
+// MinSyncPeriod when that is longer. A change in a quiet time is applied
+// at once; in a storm of changes syncing takes about 1/(PaceFactor+1) of
+// the time, each sync batching what arrived meanwhile, whatever the number
+// of Services. A sync that changed nothing (a periodic one, or one whose
+// changes cancelled out) delays nothing.
 const (
 	PaceFactor = 20
 	MaxPace    = time.Second
 )
 
 // Pace is the least time between the end of a sync that changed the
-// kernel and took took, and the start of the next.
+// kernel and cost took of CPU time, and the start of the next.
 func (c *RunnerConfig) Pace(took time.Duration) time.Duration {
 	return max(c.MinSyncPeriod, min(PaceFactor*took, MaxPace))
 }
@@ -167,9 +171,10 @@ func (r *Runner) Run(ctx context.Context) {
 		}
 		stats, err := r.syncOnce(ctx, full)
 		if err != nil || stats.Full || stats.Messages > 0 {
-			// Paced by the dataplane's own work: what runs after it
-			// (conntrack cleanup, health checks) has its own limits.
-			lastSync, lastTook = time.Now(), stats.Duration
+			// Paced by the dataplane's own work (its CPU time, not the
+			// time it waited for a CPU): what runs after it (conntrack
+			// cleanup, health checks) has its own limits.
+			lastSync, lastTook = time.Now(), stats.CPU
 		}
 		if err != nil {
 			full = true
@@ -194,7 +199,7 @@ func (r *Runner) SyncOnce(ctx context.Context, full bool) error {
 
 func (r *Runner) syncOnce(ctx context.Context, full bool) (SyncStats, error) {
 	snap, triggers := r.src.Snapshot()
-	stats, err := r.dp.Sync(ctx, snap, full)
+	stats, err := r.syncMeasured(ctx, snap, full)
 	r.metrics.ObserveSync(stats, err)
 	r.reportPanics(ctx, stats.Panics)
 	if err != nil {
@@ -236,6 +241,30 @@ func (r *Runner) syncOnce(ctx context.Context, full bool) (SyncStats, error) {
 		fn(snap)
 	}
 	return stats, nil
+}
+
+// syncMeasured runs the dataplane's Sync on one OS thread and records the
+// CPU time that thread spent in stats.CPU (the wall time when the thread's
+// CPU time cannot be read).
+func (r *Runner) syncMeasured(ctx context.Context, snap *portal.Snapshot, full bool) (SyncStats, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0, cpuErr := threadCPU()
+	stats, err := r.dp.Sync(ctx, snap, full)
+	stats.CPU = stats.Duration
+	if cpu1, err1 := threadCPU(); cpuErr == nil && err1 == nil {
+		stats.CPU = cpu1 - cpu0
+	}
+	return stats, err
+}
+
+// threadCPU is the calling OS thread's CPU time, user and system.
+func threadCPU() (time.Duration, error) {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -32,7 +32,20 @@ func newProfiler(t *testing.T, dir string, node *netns.Node) *profiler {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &profiler{dir: dir, node: node, t: t}
+	p := &profiler{dir: dir, node: node, t: t}
+	t.Cleanup(p.keepLogs) // before the cluster's cleanup removes them
+	return p
+}
+
+// keepLogs copies the logs of node 1's agents (one per start) next to the
+// profiles.
+func (p *profiler) keepLogs() {
+	logs, _ := filepath.Glob(filepath.Join(filepath.Dir(p.node.Agent().Log), "agent-"+p.node.Name+".*.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil {
+			_ = os.WriteFile(filepath.Join(p.dir, filepath.Base(l)), b, 0o644)
+		}
+	}
 }
 
 func (p *profiler) client() *http.Client {
