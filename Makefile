@@ -77,6 +77,18 @@ bench-e2e:
 			$(GO) test -tags $(GOTAGS) -count=1 -timeout 2h -run '^TestEndToEndScale$$' ./test/scale/; \
 	done; tail -n 40 docs/bench/e2e.md
 
+# The API server's watch traffic as the cluster grows: one real
+# kube-apiserver, many simulated node agents (their informers, no
+# dataplane; test/watchscale). Each run appends its table, with the
+# machine's load, to docs/bench/watch.md.
+BENCH_WATCH_AGENTS ?= 10,50,200,500
+.PHONY: bench-watch
+bench-watch:
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" ONEHOP_WATCHSCALE=1 ONEHOP_WATCHSCALE_AGENTS=$(BENCH_WATCH_AGENTS) \
+		ONEHOP_WATCHSCALE_REPORT=$(CURDIR)/docs/bench/watch.md \
+		$(GO) test -tags $(GOTAGS) -count=1 -timeout 3h -run '^TestWatchScale$$' ./test/watchscale/
+	tail -n 20 docs/bench/watch.md
+
 # Targets below are owned by test/ and hack/ (issue 3): the real control plane,
 # the namespace end-to-end suite and the demo. Build/test/lint targets are
 # owned by the agent's engineers.
