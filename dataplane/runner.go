@@ -226,7 +226,7 @@ func (r *Runner) syncOnce(ctx context.Context, full bool) (SyncStats, error) {
 		level = slog.LevelInfo
 	}
 	r.log.Log(ctx, level, "synced", "backend", r.dp.Name(), "full", stats.Full, "services", stats.Services,
-		"changed_portals", stats.Changed, "messages", stats.Messages, "elements", stats.Elements, "duration", stats.Duration)
+		"changed_portals", stats.Changed, "messages", stats.Messages, "elements", stats.Elements, "duration", stats.Duration, "cpu", stats.CPU)
 	now := time.Now()
 	for _, t := range triggers {
 		r.metrics.ObserveProgramming(now.Sub(t))

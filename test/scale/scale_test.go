@@ -74,6 +74,13 @@ func TestEndToEndScale(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// kube-proxy beside node 2's agent, when asked for (EnvKubeProxy).
+	kp := startKubeProxy(t, c, c.Nodes[1])
+	var kpCPU0 float64
+	if kp != nil {
+		kpCPU0 = cpuSeconds(t, kp.proc.Pid())
+	}
+
 	// Creation: N Services with E endpoints each, then the probe Service.
 	cpu0 := cpuSeconds(t, node.Agent().Pid())
 	began := time.Now()
@@ -100,6 +107,11 @@ func TestEndToEndScale(t *testing.T) {
 		k.services, k.endpoints, res.create.Round(time.Millisecond), res.converge.Round(time.Millisecond), res.createCPU)
 	res.mem = memory(t, node.Agent().Pid())
 	res.metrics = agentMetrics(ctx, t, node)
+	if kp != nil {
+		res.kubeProxy = kp.measure(ctx, t, kpCPU0, probe.Spec.ClusterIP, written)
+		t.Logf("kube-proxy: caught up %v after the last write (%v), CPU %.1f s, VmRSS %s",
+			res.kubeProxy.converge.Round(time.Millisecond), res.kubeProxy.caughtUp, res.kubeProxy.createCPU, mib(res.kubeProxy.mem["VmRSS"]))
+	}
 
 	// A request loop from a pod for the rest of the run: every request is
 	// a new connection to the probe Service, and none may fail.
