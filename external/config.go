@@ -40,8 +40,10 @@ type Config struct {
 	// campaigns for the cluster-wide part itself (one binary, one RBAC).
 	SeparateController bool `json:"separateController,omitempty"`
 
-	// PodExternalIPs watches Pods for onehop.io/external-ip (a cluster-wide
-	// Pod watch on every node; off by default).
+	// PodExternalIPs watches Pods for onehop.io/external-ip (off by
+	// default). With SeparateController the controller watches every Pod
+	// and grants the addresses, and a node agent watches only its own
+	// node's Pods; without it every agent watches every Pod.
 	PodExternalIPs bool `json:"podExternalIPs,omitempty"`
 
 	BGP     *bgp.Config     `json:"bgp,omitempty"`

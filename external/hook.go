@@ -43,6 +43,13 @@ type Hook struct {
 	slices   cache.SharedIndexInformer
 	nodes    cache.SharedIndexInformer
 	pods     cache.SharedIndexInformer
+	// When the controller settles pod external IPs (settles), a node
+	// agent's Pods come from podFactory (its own node's alone) and grants
+	// is its watch on the controller's decisions (grants.go); the
+	// controller keeps granted, what it last wrote or read there.
+	podFactory   informers.SharedInformerFactory
+	grantFactory informers.SharedInformerFactory
+	grants       cache.SharedIndexInformer
 	// podsChanged is signalled on every Pod event (PodsChanged).
 	podsChanged chan struct{}
 	providers   []Provider
@@ -74,6 +81,7 @@ type Hook struct {
 	// refusedChanged is signalled when they change (RefusedExternalIPs).
 	refused        map[portal.ServiceKey][]netip.Addr
 	refusedChanged chan struct{}
+	granted        *corev1.ConfigMap
 
 	mu sync.Mutex
 	// programmed is what this node's dataplane serves, per address and
@@ -139,14 +147,22 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
 	h.nodes = h.factory.Core().V1().Nodes().Informer()
 	if p.PodExternalIPs {
-		h.pods = h.factory.Core().V1().Pods().Informer()
+		if p.settles() && r == roleNode {
+			h.watchSettled()
+		} else {
+			h.pods = h.factory.Core().V1().Pods().Informer()
+		}
 		h.podsChanged = make(chan struct{}, 1)
 		// Registered now, before anyone can call Run, so that no change is missed.
-		_, _ = h.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { h.podsPoke() },
-			UpdateFunc: func(any, any) { h.podsPoke() },
-			DeleteFunc: func(any) { h.podsPoke() },
-		})
+		for _, inf := range []cache.SharedIndexInformer{h.pods, h.grants} {
+			if inf != nil {
+				_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+					AddFunc:    func(any) { h.podsPoke() },
+					UpdateFunc: func(any, any) { h.podsPoke() },
+					DeleteFunc: func(any) { h.podsPoke() },
+				})
+			}
+		}
 	}
 	if r.controller() {
 		h.broadcast = record.NewBroadcaster()
@@ -216,10 +232,12 @@ func (h *Hook) PodExternalIPs() []PodExternalIP {
 func (h *Hook) PodsChanged() <-chan struct{} { return h.podsChanged }
 
 // Synced reports whether the hook's first listing of Services,
-// EndpointSlices, Nodes and Pods is complete, so that PodExternalIPs is
-// the whole answer and not the part listed so far.
+// EndpointSlices, Nodes, Pods (and the controller's grants) is complete,
+// so that PodExternalIPs is the whole answer and not the part listed so
+// far.
 func (h *Hook) Synced() bool {
-	return h.services.HasSynced() && h.slices.HasSynced() && h.nodes.HasSynced() && (h.pods == nil || h.pods.HasSynced())
+	return h.services.HasSynced() && h.slices.HasSynced() && h.nodes.HasSynced() && (h.pods == nil || h.pods.HasSynced()) &&
+		(h.grants == nil || h.grants.HasSynced())
 }
 
 func (h *Hook) podsPoke() {

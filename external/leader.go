@@ -48,6 +48,7 @@ func (h *Hook) lead(ctx context.Context) {
 					h.mu.Lock()
 					h.leader, h.alloc, h.reported = false, nil, nil
 					h.mu.Unlock()
+					h.setGranted(nil)
 					h.log.Info("external: lost allocator lease", "node", h.node)
 					h.poke()
 				},
@@ -63,6 +64,9 @@ func (h *Hook) lead(ctx context.Context) {
 
 func (h *Hook) leading(ctx context.Context) {
 	h.log.Info("external: holding allocator lease", "node", h.node)
+	if h.role == roleController && h.cfg.settles() {
+		h.seedGrants(ctx)
+	}
 	var a *allocator
 	if len(h.cfg.pools) > 0 {
 		var err error

@@ -16,6 +16,9 @@ import (
 // leasePrefix names the per-node liveness Leases of the L2 provider.
 const leasePrefix = "onehop-l2-"
 
+// managedByOnehop selects the liveness Leases (renewOnce labels them).
+const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
+
 // liveness tracks which agents are alive through one coordination Lease per
 // node, renewed by its agent: Leases with an outage fallback.
 //

@@ -5,15 +5,19 @@ import (
 	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 )
 
-// watchLiveness feeds the liveness tracker every Lease of the lease
-// namespace and renews this node's own until ctx ends (a goroutine of wg).
+// watchLiveness feeds the liveness tracker every liveness Lease of the
+// lease namespace (those labelled managed-by onehop, as renewOnce creates
+// them: not the allocator's Lease, which its leader renews every few
+// seconds and which no node needs) and renews this node's own until ctx ends (a goroutine of wg).
 // The returned stop shuts the Lease informer down.
 func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace))
+	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = managedByOnehop }))
 	li := h.leaseInf.Coordination().V1().Leases().Informer()
 	h.liveness.mu.Lock()
 	h.liveness.synced = li.HasSynced

@@ -122,6 +122,9 @@ type registryInput struct {
 	services []*corev1.Service
 	pods     []*corev1.Pod
 	nodes    []*corev1.Node
+	// settled: the pods hold what the controller granted them
+	// (settledPods), so a Pod's claim wins over spec.externalIPs.
+	settled bool
 }
 
 // registry decides who holds each external address: one holder per address
@@ -299,6 +302,12 @@ func (r *registry) resolve(in registryInput) *ownership {
 				}
 				return 1
 			}
+			if px, py := x.kind == heldByPod, y.kind == heldByPod; in.settled && px != py {
+				if px {
+					return -1
+				}
+				return 1
+			}
 			if c := x.created.Compare(y.created.Time); c != 0 {
 				return c
 			}
@@ -348,6 +357,18 @@ func (r *registry) resolve(in registryInput) *ownership {
 		return cmp.Or(strings.Compare(a.obj.GetNamespace(), b.obj.GetNamespace()), strings.Compare(a.obj.GetName(), b.obj.GetName()), strings.Compare(a.ip, b.ip))
 	})
 	return o
+}
+
+// seed makes gs the previous answer's Pod holders: a controller taking
+// over keeps what its predecessor granted.
+func (r *registry) seed(gs []grant) {
+	if r.last == nil {
+		r.last = map[netip.Addr]*holding{}
+	}
+	for _, g := range gs {
+		k := portal.ServiceKey{Namespace: g.Namespace, Name: g.Name}
+		r.last[g.IP] = &holding{kind: heldByPod, pod: k, namespace: g.Namespace}
+	}
 }
 
 // holds: c is (one of) h's holders.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/informers"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -24,7 +25,7 @@ func (h *Hook) Run(ctx context.Context) error {
 		h.broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: h.client.CoreV1().Events("")})
 		defer h.broadcast.Shutdown()
 	}
-	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods} {
+	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods, h.grants} {
 		if inf != nil {
 			if _, err := inf.AddEventHandler(h.handler()); err != nil {
 				return err
@@ -40,11 +41,21 @@ func (h *Hook) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	h.factory.Start(ctx.Done())
-	defer h.factory.Shutdown()
-	for t, ok := range h.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("external: cache of %v did not sync", t)
+	for _, f := range []informers.SharedInformerFactory{h.factory, h.podFactory, h.grantFactory} {
+		if f == nil {
+			continue
+		}
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+	}
+	for _, f := range []informers.SharedInformerFactory{h.factory, h.podFactory, h.grantFactory} {
+		if f == nil {
+			continue
+		}
+		for t, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("external: cache of %v did not sync", t)
+			}
 		}
 	}
 	// One look over the complete listings, even if nothing changes after
@@ -137,6 +148,12 @@ func (h *Hook) Run(ctx context.Context) error {
 				continue
 			}
 			told[i] = fp
+		}
+		if h.role == roleController && h.cfg.settles() {
+			if err := h.publishGrants(ctx); err != nil {
+				failed = true
+				h.log.Warn("pod external IP grants not written; trying again", "err", err, "in", nextBackoff(backoff))
+			}
 		}
 		if failed {
 			backoff = nextBackoff(backoff)

@@ -22,6 +22,9 @@ func (h *Hook) resolve() (*ownership, registryInput) {
 			in.pods = append(in.pods, o.(*corev1.Pod))
 		}
 	}
+	if h.grants != nil {
+		in.pods, in.settled = settledPods(in.pods, h.currentGrants()), true
+	}
 	synced := h.Synced()
 	h.regMu.Lock()
 	own := h.registry.resolve(in)

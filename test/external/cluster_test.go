@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/l2"
@@ -136,9 +137,16 @@ func none(ips []string) bool { return len(ips) == 0 }
 // event waits for an event with reason on the named Service.
 func event(t *testing.T, c kubernetes.Interface, name, reason string) string {
 	t.Helper()
+	return eventIn(t, c, "default", name, reason)
+}
+
+// eventIn waits for an event of reason on the object ns/name and returns
+// its message.
+func eventIn(t *testing.T, c kubernetes.Interface, ns, name, reason string) string {
+	t.Helper()
 	var msg string
-	_, ok := waitFor(context.Background(), 20*time.Second, func() bool {
-		evs, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	_, ok := waitFor(context.Background(), 30*time.Second, func() bool {
+		evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			return false
 		}
@@ -151,7 +159,7 @@ func event(t *testing.T, c kubernetes.Interface, name, reason string) string {
 		return false
 	})
 	if !ok {
-		t.Fatalf("no %s event on service %s", reason, name)
+		t.Fatalf("no %s event on %s/%s", reason, ns, name)
 	}
 	return msg
 }
@@ -352,19 +360,7 @@ func (s *split) runController(cfg external.Config, name, node string) (stop func
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var refused []string
-	id.Config.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			resp, err := rt.RoundTrip(r)
-			if err == nil && resp.StatusCode == http.StatusForbidden {
-				mu.Lock()
-				refused = append(refused, r.Method+" "+r.URL.Path)
-				mu.Unlock()
-			}
-			return resp, err
-		})
-	})
+	failOnForbidden(t, "controller "+name, id.Config)
 	c, err := kubernetes.NewForConfig(id.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -373,15 +369,33 @@ func (s *split) runController(cfg external.Config, name, node string) (stop func
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Cleanups run last first: the check runs once the controller stopped.
+	return runUntilEnd(t, "controller "+name, h)
+}
+
+// failOnForbidden makes rc's client note every request answered 403, and
+// fails t at its end if there was one (cleanups run last first: the check
+// runs once what used the client stopped).
+func failOnForbidden(t *testing.T, what string, rc *rest.Config) {
+	var mu sync.Mutex
+	var refused []string
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(r)
+			if err == nil && resp.StatusCode == http.StatusForbidden {
+				mu.Lock()
+				refused = append(refused, r.Method+" "+r.URL.String())
+				mu.Unlock()
+			}
+			return resp, err
+		})
+	})
 	t.Cleanup(func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(refused) > 0 {
-			t.Errorf("controller %s was refused (403) %d requests under deploy/base's RBAC: %v", name, len(refused), refused)
+			t.Errorf("%s was refused (403) %d requests under deploy/base's RBAC: %v", what, len(refused), refused)
 		}
 	})
-	return runUntilEnd(t, "controller "+name, h)
 }
 
 // checkNodeLog fails the test when a node agent's log shows a request the
