@@ -38,25 +38,6 @@ type RunnerConfig struct {
 	MaxBackoff time.Duration
 }
 
-// Pacing by cost: after a sync that changed the kernel and cost d of CPU
-// time (the kernel's work on its messages included, not the time it
-// waited for a CPU), the next one waits PaceFactor×d, at most MaxPace, or
-// MinSyncPeriod when that is longer. A change in a quiet time is applied
-// at once; in a storm of changes syncing takes about 1/(PaceFactor+1) of
-// the time, each sync batching what arrived meanwhile, whatever the number
-// of Services. A sync that changed nothing (a periodic one, or one whose
-// changes cancelled out) delays nothing.
-const (
-	PaceFactor = 20
-	MaxPace    = time.Second
-)
-
-// Pace is the least time between the end of a sync that changed the
-// kernel and cost took of CPU time, and the start of the next.
-func (c *RunnerConfig) Pace(took time.Duration) time.Duration {
-	return max(c.MinSyncPeriod, min(PaceFactor*took, MaxPace))
-}
-
 func (c *RunnerConfig) defaults() {
 	if c.SyncPeriod <= 0 {
 		c.SyncPeriod = 30 * time.Second
@@ -134,8 +115,8 @@ func (r *Runner) OnServicePanic(fn func(ServicePanic)) {
 // back, or FullSyncPeriod has passed.
 func (r *Runner) Run(ctx context.Context) {
 	full := true
-	var lastSync, lastFull time.Time // lastSync: the end of the last sync that changed the kernel
-	var lastTook time.Duration
+	var lastFull time.Time
+	pace := newPacer(r.cfg.MinSyncPeriod, time.Now())
 	backoff := time.Duration(0)
 	check := time.NewTicker(r.cfg.CheckPeriod)
 	defer check.Stop()
@@ -158,7 +139,7 @@ func (r *Runner) Run(ctx context.Context) {
 			}
 			continue
 		}
-		if wait := r.cfg.Pace(lastTook) - time.Since(lastSync); wait > 0 {
+		if wait := pace.wait(time.Now()); wait > 0 {
 			if !sleep(ctx, wait) {
 				return
 			}
@@ -174,7 +155,7 @@ func (r *Runner) Run(ctx context.Context) {
 			// Paced by the dataplane's own work (its CPU time, not the
 			// time it waited for a CPU): what runs after it (conntrack
 			// cleanup, health checks) has its own limits.
-			lastSync, lastTook = time.Now(), stats.CPU
+			pace.spent(time.Now(), stats.CPU)
 		}
 		if err != nil {
 			full = true

@@ -71,19 +71,46 @@ func TestOnAppliedSeesChangesOfFailedSyncs(t *testing.T) {
 	}
 }
 
-func TestPace(t *testing.T) {
-	for _, c := range []struct {
-		min, took, want time.Duration
-	}{
-		{0, 0, 0}, // a lone change after a quiet time: at once
-		{0, 2 * time.Millisecond, 40 * time.Millisecond}, // cheap syncs come often
-		{0, 200 * time.Millisecond, MaxPace},             // never more than MaxPace
-		{time.Second, time.Millisecond, time.Second},     // --min-sync-period is a floor
-		{5 * time.Second, time.Second, 5 * time.Second},  // also above MaxPace
-	} {
-		cfg := RunnerConfig{MinSyncPeriod: c.min}
-		if got := cfg.Pace(c.took); got != c.want {
-			t.Errorf("Pace(min %v, took %v) = %v, want %v", c.min, c.took, got, c.want)
+func TestPacer(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+	p := newPacer(0, t0)
+	// A few cheap changes in a row: at once.
+	for i := range 10 {
+		if w := p.wait(at(i * 10)); w != 0 {
+			t.Fatalf("change %d: wait %v, want none while the budget lasts", i, w)
 		}
+		p.spent(at(i*10), 5*time.Millisecond)
+	}
+	// A storm: the budget is spent, and the syncs wait until it is back,
+	// so that they take about PaceShare of the time.
+	now, busy := at(100), time.Duration(0)
+	for range 200 {
+		now = now.Add(p.wait(now))
+		p.spent(now, 20*time.Millisecond)
+		busy += 20 * time.Millisecond
+	}
+	if share := float64(busy) / float64(now.Sub(t0)); share > PaceShare*1.5 || share < PaceShare*0.5 {
+		t.Errorf("in a storm syncing took %.3f of the time, want about %.2f", share, PaceShare)
+	}
+	// One huge sync holds the next for MaxPace at most.
+	p = newPacer(0, t0)
+	p.spent(t0, 10*time.Second)
+	if w := p.wait(t0); w != MaxPace {
+		t.Errorf("after a 10 s sync: wait %v, want %v", w, MaxPace)
+	}
+	// A quiet time refills the budget: a lone change after it goes at once.
+	if w := p.wait(t0.Add(PaceBurst * 30)); w != 0 {
+		t.Errorf("after a quiet time: wait %v, want none", w)
+	}
+	// --min-sync-period is kept between syncs that changed the kernel.
+	p = newPacer(time.Second, t0)
+	if w := p.wait(t0); w != 0 {
+		t.Errorf("first sync with a min period: wait %v, want none", w)
+	}
+	p.spent(t0, time.Millisecond)
+	if w := p.wait(at(300)); w != 700*time.Millisecond {
+		t.Errorf("300 ms after a sync with a 1 s min period: wait %v, want 700ms", w)
 	}
 }

@@ -85,7 +85,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs: NodePorts are served on the node's interface addresses inside them (0.0.0.0/0, ::/0: all of the family); default \"primary\": the node's primary IPs from its Node object")
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between syncs that change the kernel; bursts of changes are batched. "+
-		"0: paced by cost (after a sync that cost d of CPU the next waits 20 x d, at most 1s), so a lone change is applied at once")
+		"0: paced by cost (syncs spend a CPU budget that fills at 4% of the time, waiting at most 1s), so a lone change is applied at once")
 	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "most time between syncs")
 	fs.DurationVar(&f.fullSyncPeriod, "full-sync-period", time.Hour, "how often the whole ruleset is compared with the kernel's and repaired in place (affinity entries and counters are kept)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic to Services")
