@@ -91,7 +91,7 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 	if err := bigBuffers(conn); err != nil {
 		return nil, err
 	}
-	if _, err := conn.SendMessages(req); err != nil {
+	if err := sendBatch(conn, req); err != nil {
 		return nil, fmt.Errorf("send batch: %w", err)
 	}
 	var failure error
@@ -123,6 +123,53 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 		acks = append(acks, ackFor(m, code))
 	}
 	return acks, nil
+}
+
+// sendBatch writes req to the kernel in one datagram, marshalled into one
+// buffer of the right size: netlink's SendMessages grows its buffer message
+// by message, which for a full sync's tens of thousands of messages was a
+// fifth of the sync's time in copying. Each message's length is set in
+// req, as SendMessages does.
+func sendBatch(conn *netlink.Conn, req []netlink.Message) error {
+	const hdrLen = 16 // struct nlmsghdr
+	align := func(n int) int { return (n + 3) &^ 3 }
+	size := 0
+	for i := range req {
+		req[i].Header.Length = uint32(hdrLen + len(req[i].Data))
+		size += align(int(req[i].Header.Length))
+	}
+	buf := make([]byte, size)
+	ne := binary.NativeEndian
+	off := 0
+	for _, m := range req {
+		ne.PutUint32(buf[off:], m.Header.Length)
+		ne.PutUint16(buf[off+4:], uint16(m.Header.Type))
+		ne.PutUint16(buf[off+6:], uint16(m.Header.Flags))
+		ne.PutUint32(buf[off+8:], m.Header.Sequence)
+		ne.PutUint32(buf[off+12:], m.Header.PID)
+		copy(buf[off+hdrLen:], m.Data)
+		off += align(int(m.Header.Length))
+	}
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	err = raw.Write(func(fd uintptr) bool {
+		var n int
+		n, werr = unix.Write(int(fd), buf)
+		if werr == unix.EAGAIN || werr == unix.EINTR {
+			return false // not yet: the poller waits until the socket can take it
+		}
+		if werr == nil && n != len(buf) {
+			werr = fmt.Errorf("short write: %d of %d bytes", n, len(buf))
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return werr
 }
 
 func errnoOf(err error) unix.Errno {
