@@ -71,9 +71,13 @@ bench:
 # CPU and failed connections. Each run appends its table, with the
 # machine's load, to docs/bench/e2e.md.
 BENCH_E2E_SIZES ?= 10000 50000
+# kube-proxy (nftables mode) beside the agent on the same objects, for the
+# comparison; empty to leave it out.
+BENCH_E2E_KUBEPROXY ?= 1
 bench-e2e:
 	@set -e; for n in $(BENCH_E2E_SIZES); do \
-		ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" ONEHOP_SCALE_SERVICES=$$n ONEHOP_SCALE_REPORT=$(CURDIR)/docs/bench/e2e.md \
+		ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh node)" ONEHOP_SCALE_SERVICES=$$n ONEHOP_SCALE_REPORT=$(CURDIR)/docs/bench/e2e.md \
+			ONEHOP_SCALE_KUBEPROXY=$(BENCH_E2E_KUBEPROXY) \
 			$(GO) test -tags $(GOTAGS) -count=1 -timeout 2h -run '^TestEndToEndScale$$' ./test/scale/; \
 	done; tail -n 40 docs/bench/e2e.md
 
