@@ -44,14 +44,16 @@
 // One chain per Service port and family picks an endpoint:
 //
 //	chain svc<f>/...
-//	    counter dnat ip to 10.244.2.2:8080                    (one endpoint)
 //	    counter dnat ip to <id> . numgen random mod 2 map @endpoints<f>-<shard>
 //
 // The endpoints of all Service ports are spread over 64 maps per family,
 // keyed by the chain's id . the index numgen picks, so that a pod replaced is
 // an element update that touches no rule: <id> . 0 : 10.244.2.2 . 8080 (nft
 // prints the id in the rule as `0x2 [invalid type]` and in the map, a mark
-// in host byte order, as 0x02000000).
+// in host byte order, as 0x02000000). One endpoint is picked the same way
+// (mod 1): a new rule makes the kernel validate the whole table, which at
+// 10k Services costs more than the rest of the sync, and a one-replica
+// Service whose pod is replaced is the most common change there is.
 // With ClientIP affinity the chain sends a client it remembers back to its
 // endpoint, and a new client to a random one, whose chain remembers it:
 //

@@ -23,6 +23,14 @@ type chainBody struct {
 	dropIfEmpty  bool
 }
 
+// usesEndpointMap: the chain picks its endpoints from the family's
+// endpoint maps (numgen random mod N), one element per endpoint, so that
+// a changed endpoint is an element update, which the kernel applies
+// without validating the whole table as it does for a new rule. Also with
+// one endpoint: a one-replica Service whose pod is replaced is the most
+// common change there is. Chains with affinity pick in their own rules.
+func (b chainBody) usesEndpointMap() bool { return len(b.endpoints) >= 1 && b.affinity == 0 }
+
 func (b chainBody) equal(o chainBody) bool {
 	return b.sameRules(o) && slices.Equal(b.endpoints, o.endpoints)
 }

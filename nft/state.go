@@ -72,6 +72,11 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 	buf = strconv.AppendBool(buf, body.dropIfEmpty)
 	buf = append(buf, "}|"...)
 	buf = append(buf, b.cfgKey()...)
+	if len(body.endpoints) == 1 && body.usesEndpointMap() {
+		// Its rule once held the endpoint itself: a kernel with that rule
+		// must not pass for this one.
+		buf = append(buf, "|map"...)
+	}
 	// FNV-1a, 64 bits (hash/fnv's New64a), without its interface, so that
 	// buf stays on the stack.
 	h := uint64(14695981039346656037)

@@ -5,7 +5,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
+
+	"github.com/google/nftables"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
@@ -66,4 +69,47 @@ func TestRestartedProcessRewritesNothing(t *testing.T) {
 
 func restartConfig() dataplane.Config {
 	return dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")}}
+}
+
+// A one-endpoint Service whose pod is replaced changes an endpoint-map
+// element, not its rule: the rule keeps its handle (and its counter), and
+// the kernel has no new rule to validate the whole table for.
+func TestOneEndpointChangeKeepsTheRule(t *testing.T) {
+	be := benchBackendT(t)
+	ctx := context.Background()
+	snap := bigSnapshot(3, 1)
+	if _, err := be.Sync(ctx, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := newConn(be.netnsFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := bigService(1, 1, 0)
+	chain := "svc4/" + key.Namespace + "/" + key.Name + "/tcp/http"
+	handles := func() []uint64 {
+		rules, err := conn.GetRules(be.table, &nftables.Chain{Name: chain, Table: be.table})
+		if err != nil {
+			t.Fatalf("rules of %s: %v", chain, err)
+		}
+		var hs []uint64
+		for _, r := range rules {
+			hs = append(hs, r.Handle)
+		}
+		return hs
+	}
+	before := handles()
+	moved := makeBigService(1, 1, 1)
+	snap.Services[key] = moved
+	snap.Dirty = []portal.ServiceKey{key}
+	st, err := be.Sync(ctx, snap, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := handles(); len(before) != 1 || !slices.Equal(before, after) {
+		t.Errorf("the chain's rules went from %v to %v; want the same rule", before, after)
+	}
+	if st.Messages != 2 {
+		t.Errorf("%d messages, want 2 (the old element out, the new one in)", st.Messages)
+	}
 }

@@ -221,7 +221,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			t.bodies[name] = body
 			changed = true
 		case ob.equal(body):
-		case ob.sameRules(body) && len(body.endpoints) >= 2 && body.affinity == 0:
+		case ob.sameRules(body) && body.usesEndpointMap():
 			t.updateEndpoints(name, ob, body)
 			changed = true
 		default:
@@ -464,7 +464,7 @@ type pendingRule struct {
 // (its counters too), and one with other rules is flushed and rewritten.
 func (t *tx) chainRules(name string, body chainBody) {
 	var id uint32
-	if len(body.endpoints) >= 2 && body.affinity == 0 {
+	if body.usesEndpointMap() {
 		id = t.b.chainID(name)
 	}
 	var rules []pendingRule
@@ -485,7 +485,7 @@ func (t *tx) chainRules(name string, body chainBody) {
 		if body.dropIfEmpty {
 			add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
 		}
-	case n == 1:
+	case n == 1 && body.affinity > 0: // nothing to remember: one endpoint
 		ep := body.endpoints[0]
 		al := addrLen(f)
 		add([]expr.Any{counter(),
@@ -639,11 +639,8 @@ func (t *tx) dropEndpoints(name string, old, next chainBody) {
 			t.delAff = append(t.delAff, o) // set, chain
 		}
 	}
-	if old.affinity > 0 {
+	if !old.usesEndpointMap() {
 		return // no endpoint-map elements
-	}
-	if len(old.endpoints) < 2 {
-		return
 	}
 	id := t.b.chainID(name)
 	for i := range old.endpoints {
