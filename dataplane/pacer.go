@@ -14,7 +14,7 @@ import "time"
 // changes cancelled out) costs nothing. A MinSyncPeriod, when set, is kept
 // between syncs that changed the kernel as well (kube-proxy's meaning).
 const (
-	PaceShare = 0.04
+	PaceShare = 0.02
 	PaceBurst = 200 * time.Millisecond
 	MaxPace   = time.Second
 )

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,6 +68,10 @@ type Runner struct {
 	onApplied []func(*portal.Snapshot)
 	onPanic   []func(ServicePanic)
 
+	// lastBusy is the end of the last sync that changed the kernel, in
+	// Unix nanoseconds (LastBusy).
+	lastBusy atomic.Int64
+
 	// unapplied holds the Services changed in snapshots whose sync failed:
 	// the next successful sync lists them in the Dirty its OnApplied
 	// functions see. Only the sync goroutine uses it.
@@ -77,6 +82,15 @@ type Runner struct {
 func NewRunner(dp Dataplane, src SnapshotSource, cfg RunnerConfig, log *slog.Logger, health *HealthServer, metrics *Metrics) *Runner {
 	cfg.defaults()
 	return &Runner{dp: dp, src: src, cfg: cfg, log: log, health: health, metrics: metrics, trigger: make(chan struct{}, 1)}
+}
+
+// LastBusy is when the last sync that changed the kernel ended (zero
+// before the first).
+func (r *Runner) LastBusy() time.Time {
+	if n := r.lastBusy.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // Trigger asks for a sync soon. It never blocks; use it as the Tracker's notify.
@@ -155,7 +169,9 @@ func (r *Runner) Run(ctx context.Context) {
 			// Paced by the dataplane's own work (its CPU time, not the
 			// time it waited for a CPU): what runs after it (conntrack
 			// cleanup, health checks) has its own limits.
-			pace.spent(time.Now(), stats.CPU)
+			now := time.Now()
+			pace.spent(now, stats.CPU)
+			r.lastBusy.Store(now.UnixNano())
 		}
 		if err != nil {
 			full = true

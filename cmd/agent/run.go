@@ -85,7 +85,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs: NodePorts are served on the node's interface addresses inside them (0.0.0.0/0, ::/0: all of the family); default \"primary\": the node's primary IPs from its Node object")
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between syncs that change the kernel; bursts of changes are batched. "+
-		"0: paced by cost (syncs spend a CPU budget that fills at 4% of the time, waiting at most 1s), so a lone change is applied at once")
+		"0: paced by cost (syncs spend a CPU budget that fills at 2% of the time, waiting at most 1s), so a lone change is applied at once")
 	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "most time between syncs")
 	fs.DurationVar(&f.fullSyncPeriod, "full-sync-period", time.Hour, "how often the whole ruleset is compared with the kernel's and repaired in place (affinity entries and counters are kept)")
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade all traffic to Services")
@@ -528,8 +528,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 
-	var podIPsReady *atomic.Bool  // set when pod external IPs are served
-	var refusedReady *atomic.Bool // set when the registry's refusals are known
+	var watch *portal.ServiceWatch // shared with the cloud hook
+	var podIPsReady *atomic.Bool   // set when pod external IPs are served
+	var refusedReady *atomic.Bool  // set when the registry's refusals are known
 	if len(f.external) > 0 && string(f.external) != "null" {
 		ec, err := external.DecodeConfig(f.external)
 		if err != nil {
@@ -540,9 +541,15 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 				ec.ExternalIPCIDRs = append(ec.ExternalIPCIDRs, p.String())
 			}
 		}
-		hook, err := external.New(ec, client, node, log)
+		// One watch of Services and EndpointSlices for the model and the
+		// hook, which needs them all (external.WithServiceWatch).
+		watch = portal.NewServiceWatch(client, 0)
+		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch))
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
+		}
+		if hook.Idle() {
+			watch = nil // the model watches only its part
 		}
 		if ec.SeparateController {
 			log.Info("cloud hook: this agent runs the per-node part only; `agent controller` allocates, writes Service status and drives the webhook")
@@ -574,7 +581,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() { <-done }() // withdraw announcements before exiting
 	}
 
-	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName}
+	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName, Watch: watch}
 	informersSynced, err := src.Start(ctx, tracker)
 	if err != nil {
 		return err
@@ -597,6 +604,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	go nodeCheck.run(ctx, tracker.Node)
+	// The heap a burst (the first listing, a storm of changes) left free
+	// goes back to the OS once the agent is idle.
+	go (&dataplane.MemoryReleaser{LastBusy: runner.LastBusy, Log: log}).Run(ctx)
 	runner.Run(ctx)
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("onehop agent stopping; rules stay in place", "err", err)

@@ -128,6 +128,10 @@ func (k *kubeProxy) measure(ctx context.Context, t *testing.T, cpu0 float64, clu
 		return r
 	}
 	r.createCPU = cpuSeconds(t, k.proc.Pid()) - cpu0
+	// Settled as the agent is: settle after it caught up.
+	if wait := settle - time.Since(written.Add(r.converge)); wait > 0 {
+		time.Sleep(wait)
+	}
 	r.mem = memory(t, k.proc.Pid())
 	if m, err := k.metrics(ctx); err == nil {
 		if r.fullSyncs = m["kubeproxy_sync_full_proxy_rules_duration_seconds_count"]; r.fullSyncs > 0 {

@@ -76,7 +76,7 @@ func (r *results) table() string {
 	row("warm restart: SIGKILL until synced and healthy", ms(r.warm))
 	row("cold restart (rules removed): start until a Service answers", ms(r.cold))
 	row(fmt.Sprintf("endpoint change until traffic follows, p50 / max of %d", len(r.flips)), ms(r.flipP50())+" / "+ms(r.flipMax()))
-	row("resident memory once synced: VmRSS (peak VmHWM)", mib(r.mem["VmRSS"])+" ("+mib(r.mem["VmHWM"])+")",
+	row(fmt.Sprintf("resident memory %v after the last change: VmRSS (peak VmHWM)", settle), mib(r.mem["VmRSS"])+" ("+mib(r.mem["VmHWM"])+")",
 		mib(kp.mem["VmRSS"])+" ("+mib(kp.mem["VmHWM"])+")")
 	row("of which anonymous / the binary's pages (RssAnon / RssFile)", mib(r.mem["RssAnon"])+" / "+mib(r.mem["RssFile"]),
 		mib(kp.mem["RssAnon"])+" / "+mib(kp.mem["RssFile"]))

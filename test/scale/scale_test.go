@@ -49,6 +49,11 @@ func knobsFromEnv(t *testing.T) knobs {
 	return k
 }
 
+// settle is how long the run waits after the objects are written before
+// it reads memory: longer than the agent's idle time before it returns a
+// burst's free heap (dataplane.MemoryReleaser).
+const settle = 10 * time.Second
+
 // TestEndToEndScale: see the package comment.
 func TestEndToEndScale(t *testing.T) {
 	k := knobsFromEnv(t)
@@ -102,9 +107,12 @@ func TestEndToEndScale(t *testing.T) {
 	res.converge = time.Since(written)
 	res.createCPU = cpuSeconds(t, node.Agent().Pid()) - cpu0
 	stopProf()
-	prof.heap(ctx, "synced")
 	t.Logf("created %d Services x %d endpoints in %v; the last one answered %v after the last write; agent CPU %.1f s",
 		k.services, k.endpoints, res.create.Round(time.Millisecond), res.converge.Round(time.Millisecond), res.createCPU)
+	// Memory once settled: nothing changes for a while, as on a node
+	// between changes (the agent gives a burst's free heap back when idle).
+	time.Sleep(settle)
+	prof.heap(ctx, "synced")
 	res.mem = memory(t, node.Agent().Pid())
 	res.metrics = agentMetrics(ctx, t, node)
 	if kp != nil {
@@ -122,6 +130,7 @@ func TestEndToEndScale(t *testing.T) {
 	// running, so a request may reach either until the agent follows,
 	// and must never fail.
 	cur := podA
+	stopProf = prof.cpu(ctx, "flips", 3)
 	for i := range k.flips {
 		next := map[*netns.Pod]*netns.Pod{podA: podB, podB: podA}[cur]
 		since := time.Now()
@@ -135,6 +144,7 @@ func TestEndToEndScale(t *testing.T) {
 		res.flips = append(res.flips, d)
 		cur = next
 	}
+	stopProf()
 	t.Logf("endpoint change until traffic follows: p50 %v, max %v", res.flipP50(), res.flipMax())
 
 	// Warm restart: the rules stay in the kernel while the agent is away.
