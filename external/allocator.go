@@ -2,6 +2,7 @@ package external
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -203,14 +205,26 @@ func (a *allocator) ownsStatus(svc *corev1.Service) bool {
 	return false
 }
 
+// writeStatus sets svc's status.loadBalancer.ingress to ips with a merge
+// patch of that list alone, not an update of the whole object: a node
+// agent's cache (portal.TrimForSharedCache) lacks the status conditions
+// other controllers write, which an update would erase. The patch carries
+// svc's resourceVersion, so that, like an update, it fails on a Service
+// changed since it was read.
 func (a *allocator) writeStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) error {
-	s := svc.DeepCopy()
-	s.Status.LoadBalancer.Ingress = nil
+	var ingress []corev1.LoadBalancerIngress // null in the patch: none
 	vip := corev1.LoadBalancerIPModeVIP
 	for _, ip := range ips {
-		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
+		ingress = append(ingress, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
 	}
-	_, err := a.client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{})
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": svc.ResourceVersion},
+		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": ingress}},
+	})
+	if err != nil {
+		return err
+	}
+	_, err = a.client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	return err
 }
 

@@ -37,8 +37,10 @@ type Hook struct {
 	log  *slog.Logger
 
 	// Both parts: the caches the registry reads, and the loop that tells
-	// the providers.
+	// the providers. Services and slices come from watch when the agent's
+	// model shares its own (WithServiceWatch), else from factory.
 	factory  informers.SharedInformerFactory
+	watch    *portal.ServiceWatch
 	services cache.SharedIndexInformer
 	slices   cache.SharedIndexInformer
 	nodes    cache.SharedIndexInformer
@@ -101,7 +103,7 @@ type Hook struct {
 // New builds the hook of node nodeName: its per-node part and, unless
 // cfg.SeparateController, a candidate for the cluster-wide part. Nothing
 // runs until Run.
-func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Logger) (*Hook, error) {
+func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Logger, opts ...Option) (*Hook, error) {
 	if nodeName == "" {
 		return nil, errors.New("external: node name is required")
 	}
@@ -109,7 +111,7 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 	if cfg.SeparateController {
 		r = roleNode
 	}
-	return newHook(cfg, client, r, nodeName, nodeName, log)
+	return newHook(cfg, client, r, nodeName, nodeName, log, opts...)
 }
 
 // Healthy is nil unless this candidate holds the allocator Lease and has
@@ -129,7 +131,7 @@ func NewController(cfg Config, client kubernetes.Interface, identity string, log
 	return newHook(cfg, client, roleController, "", identity, log)
 }
 
-func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity string, log *slog.Logger) (*Hook, error) {
+func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity string, log *slog.Logger, opts ...Option) (*Hook, error) {
 	p, err := cfg.parse()
 	if err != nil {
 		return nil, fmt.Errorf("external: %w", err)
@@ -142,9 +144,16 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
 		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p),
 		watchdog: leaderelection.NewLeaderHealthzAdaptor(p.LeaderLease.Duration.Duration)}
+	for _, o := range opts {
+		o(h)
+	}
 	h.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(portal.TrimManagedFields))
-	h.services = h.factory.Core().V1().Services().Informer()
-	h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
+	if h.watch != nil {
+		h.services, h.slices = h.watch.Services(), h.watch.Slices()
+	} else {
+		h.services = h.factory.Core().V1().Services().Informer()
+		h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
+	}
 	h.nodes = h.factory.Core().V1().Nodes().Informer()
 	if p.PodExternalIPs {
 		if p.settles() && r == roleNode {

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -70,7 +71,7 @@ func (h *Hook) leading(ctx context.Context) {
 	var a *allocator
 	if len(h.cfg.pools) > 0 {
 		var err error
-		a, err = newAllocator(h.cfg, h.client, h.factory.Core().V1().Services().Lister(), h.rec, h.log.With("component", "ipam"))
+		a, err = newAllocator(h.cfg, h.client, corelisters.NewServiceLister(h.services.GetIndexer()), h.rec, h.log.With("component", "ipam"))
 		if err == nil {
 			h.resolve() // the registry knows every address before the first allocation
 			a.alloc.Reserved = h.reserved

@@ -50,15 +50,7 @@ func TestFailedProviderUpdateIsRetried(t *testing.T) {
 	bad, good := &flaky{fails: 2}, &flaky{}
 	h.AddProvider(bad)
 	h.AddProvider(good)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	runHook(t, h)
 	deadline := time.Now().Add(15 * time.Second)
 	for bad.count() < 3 {
 		if time.Now().After(deadline) {

@@ -48,6 +48,12 @@ func (h *Hook) Run(ctx context.Context) error {
 		f.Start(ctx.Done())
 		defer f.Shutdown()
 	}
+	if h.watch != nil {
+		h.watch.Start(ctx)
+		if !cache.WaitForCacheSync(ctx.Done(), h.services.HasSynced, h.slices.HasSynced) {
+			return fmt.Errorf("external: the shared caches of Services and EndpointSlices did not sync: %w", ctx.Err())
+		}
+	}
 	for _, f := range []informers.SharedInformerFactory{h.factory, h.podFactory, h.grantFactory} {
 		if f == nil {
 			continue

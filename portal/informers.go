@@ -30,6 +30,11 @@ type Informers struct {
 	// ServiceProxyName selects Services labelled for this proxy (see Config).
 	ServiceProxyName string
 	Resync           time.Duration
+	// Watch, when set, is where Services and EndpointSlices come from: a
+	// watch of all of them shared with the cloud hook, which this Source
+	// starts and selects from (the label selection applied here instead
+	// of by the API server). Otherwise the Source watches its own part.
+	Watch *ServiceWatch
 }
 
 // proxyLabelSelector selects what a proxy named name serves, as kube-proxy:
@@ -58,38 +63,32 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	if err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
 	nf := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
 		}))
-
-	svcs := f.Core().V1().Services().Informer()
-	eps := f.Discovery().V1().EndpointSlices().Informer()
+	var f informers.SharedInformerFactory
+	var svcs, eps cache.SharedIndexInformer
+	if s.Watch != nil {
+		svcs, eps = s.Watch.Services(), s.Watch.Slices()
+	} else {
+		f = informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+		svcs = f.Core().V1().Services().Informer()
+		eps = f.Discovery().V1().EndpointSlices().Informer()
+		sel = labels.Everything() // the API server selected
+	}
 	nodes := nf.Core().V1().Nodes().Informer()
 	// Synced means every object of the first listing has reached the
 	// Tracker, not only the informer's store: the first sync replaces the
 	// whole ruleset, and a store that is full while the handler is still
 	// behind would program part of the cluster (and drop the rest) for as
 	// long as the handler takes to catch up.
-	svcReg, err := svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { withType(o, t.SetService) },
-		UpdateFunc: func(_, o any) { withType(o, t.SetService) },
-		DeleteFunc: func(o any) {
-			if svc, ok := unwrap[*v1.Service](o); ok {
-				t.DeleteService(svc.Namespace, svc.Name)
-			}
-		},
-	})
+	svcReg, err := svcs.AddEventHandler(selected(sel, t.SetService, func(svc *v1.Service) { t.DeleteService(svc.Namespace, svc.Name) }))
 	if err != nil {
 		return nil, err
 	}
-	epsReg, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { withType(o, t.SetSlice) },
-		UpdateFunc: func(_, o any) { withType(o, t.SetSlice) },
-		DeleteFunc: func(o any) { withType(o, t.DeleteSlice) },
-	})
+	epsReg, err := eps.AddEventHandler(selected(sel, t.SetSlice, t.DeleteSlice))
 	if err != nil {
 		return nil, err
 	}
@@ -100,9 +99,47 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	if err != nil {
 		return nil, err
 	}
-	f.Start(ctx.Done())
+	if s.Watch != nil {
+		s.Watch.Start(ctx)
+	} else {
+		f.Start(ctx.Done())
+	}
 	nf.Start(ctx.Done())
 	return func() bool { return svcReg.HasSynced() && epsReg.HasSynced() && nodeReg.HasSynced() }, nil
+}
+
+// selected is the handler that tells set and del of the objects sel
+// selects: an object whose labels leave the selection is deleted, as the
+// API server's own selection would have sent it.
+func selected[T metav1.Object](sel labels.Selector, set, del func(T)) cache.ResourceEventHandler {
+	in := func(o T) bool { return sel.Matches(labels.Set(o.GetLabels())) }
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if v, ok := unwrap[T](o); ok && in(v) {
+				set(v)
+			}
+		},
+		UpdateFunc: func(old, o any) {
+			v, ok := unwrap[T](o)
+			switch {
+			case !ok:
+			case in(v):
+				set(v)
+			case wasIn(old, in):
+				del(v)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if v, ok := unwrap[T](o); ok && in(v) {
+				del(v)
+			}
+		},
+	}
+}
+
+func wasIn[T any](o any, in func(T) bool) bool {
+	v, ok := unwrap[T](o)
+	return ok && in(v)
 }
 
 func unwrap[T any](o any) (T, bool) {

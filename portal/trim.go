@@ -18,7 +18,15 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 // agent's heap, on every node. Only for caches whose objects are never
 // written back (what is dropped would be lost): it is a
 // cache.TransformFunc; objects it does not know pass unchanged.
-func TrimForCache(obj any) (any, error) {
+func TrimForCache(obj any) (any, error) { return trim(obj, false) }
+
+// TrimForSharedCache is TrimForCache for a ServiceWatch, whose cache the
+// cloud hook reads too: it keeps the Service selector, which the hook's
+// load-balancer IP sharing compares (Local Services share an IP only when
+// they select the same pods).
+func TrimForSharedCache(obj any) (any, error) { return trim(obj, true) }
+
+func trim(obj any, keepSelector bool) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 		if a := m.GetAnnotations(); a[lastApplied] != "" {
@@ -32,18 +40,37 @@ func TrimForCache(obj any) (any, error) {
 	case *v1.Service:
 		// The selector is the EndpointSlice controller's business; the
 		// proxy reads the slices. Conditions are written by controllers.
-		o.Spec.Selector = nil
+		if !keepSelector {
+			o.Spec.Selector = nil
+		}
 		o.Status.Conditions = nil
 	}
 	return obj, nil
 }
 
+// sliceLabels are the labels of an EndpointSlice that are kept: its
+// Service's name, and the two the proxy selects by (a ServiceWatch selects
+// after the cache, not in the request).
+var sliceLabels = [...]string{LabelServiceName, LabelServiceProxyName, LabelHeadless}
+
 // trimSlice keeps of an EndpointSlice what the model reads (addresses,
-// conditions, node name, zone hints, ports, the Service name label and the
-// trigger-time annotation) in as little memory as it takes.
+// conditions, node name, zone hints, ports, the labels of sliceLabels and
+// the trigger-time annotation) in as little memory as it takes.
 func trimSlice(es *discovery.EndpointSlice) {
-	if name, ok := es.Labels[LabelServiceName]; ok && len(es.Labels) > 1 {
-		es.Labels = map[string]string{LabelServiceName: name}
+	n := 0
+	for _, k := range sliceLabels {
+		if _, ok := es.Labels[k]; ok {
+			n++
+		}
+	}
+	if n < len(es.Labels) {
+		kept := make(map[string]string, n)
+		for _, k := range sliceLabels {
+			if v, ok := es.Labels[k]; ok {
+				kept[k] = v
+			}
+		}
+		es.Labels = kept
 	}
 	if t, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]; ok && len(es.Annotations) > 1 {
 		es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: t}

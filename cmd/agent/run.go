@@ -528,8 +528,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 
-	var podIPsReady *atomic.Bool  // set when pod external IPs are served
-	var refusedReady *atomic.Bool // set when the registry's refusals are known
+	var watch *portal.ServiceWatch // shared with the cloud hook
+	var podIPsReady *atomic.Bool   // set when pod external IPs are served
+	var refusedReady *atomic.Bool  // set when the registry's refusals are known
 	if len(f.external) > 0 && string(f.external) != "null" {
 		ec, err := external.DecodeConfig(f.external)
 		if err != nil {
@@ -540,9 +541,15 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 				ec.ExternalIPCIDRs = append(ec.ExternalIPCIDRs, p.String())
 			}
 		}
-		hook, err := external.New(ec, client, node, log)
+		// One watch of Services and EndpointSlices for the model and the
+		// hook, which needs them all (external.WithServiceWatch).
+		watch = portal.NewServiceWatch(client, 0)
+		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch))
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
+		}
+		if hook.Idle() {
+			watch = nil // the model watches only its part
 		}
 		if ec.SeparateController {
 			log.Info("cloud hook: this agent runs the per-node part only; `agent controller` allocates, writes Service status and drives the webhook")
@@ -574,7 +581,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() { <-done }() // withdraw announcements before exiting
 	}
 
-	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName}
+	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName, Watch: watch}
 	informersSynced, err := src.Start(ctx, tracker)
 	if err != nil {
 		return err

@@ -59,15 +59,24 @@ func (tp *topo) startControlPlane(n, address string) (*cluster.ControlPlane, kub
 	return cp, c
 }
 
-// runHook runs an external.Hook for node until the test ends; the
-// returned stop function ends it early (a clean agent stop).
+// runHook runs node's external.Hook and model informers, wired as
+// `agent run` wires them (newAgentHook), until the test ends; the returned
+// stop function ends them early (a clean agent stop).
 func runHook(t *testing.T, cfg external.Config, c kubernetes.Interface, node string) (stop func()) {
 	t.Helper()
-	h, err := external.New(cfg, c, node, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node))
+	h, watch, err := newAgentHook(cfg, c, node, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return runUntilEnd(t, "hook "+node, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := startModel(ctx, c, node, watch); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	stopHook := runUntilEnd(t, "hook "+node, h)
+	stop = sync.OnceFunc(func() { stopHook(); cancel() })
+	t.Cleanup(stop)
+	return stop
 }
 
 // runUntilEnd runs h until the test ends; the returned stop function ends
@@ -267,8 +276,15 @@ func testIPAM(t *testing.T, split bool) {
 		t.Fatalf("waiting got %v, want the freed %v", w, plain)
 	}
 	// Release on type change: the status is cleared and the IP reused.
+	// Another controller's status condition stays: the allocator writes
+	// the ingress alone (a node agent's cache has no conditions).
 	s, err := c.CoreV1().Services("default").Get(context.Background(), "requested", metav1.GetOptions{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	s.Status.Conditions = []metav1.Condition{{Type: "example.com/Checked", Status: metav1.ConditionTrue, Reason: "Checked",
+		LastTransitionTime: metav1.Now()}}
+	if s, err = c.CoreV1().Services("default").UpdateStatus(context.Background(), s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.Spec.Type = corev1.ServiceTypeClusterIP
@@ -276,6 +292,9 @@ func testIPAM(t *testing.T, split bool) {
 		t.Fatal(err)
 	}
 	lbIPs(t, c, "requested", "type change clears status", none)
+	if s, err := c.CoreV1().Services("default").Get(context.Background(), "requested", metav1.GetOptions{}); err != nil || len(s.Status.Conditions) != 1 {
+		t.Errorf("after the allocator cleared the status the conditions are %+v (%v); want the other controller's", s.Status.Conditions, err)
+	}
 	if ips := lbIPs(t, c, "conflict", "freed requested IP goes to the next asker", some); ips[0] != "192.0.2.3" {
 		t.Fatalf("conflict got %v, want 192.0.2.3", ips)
 	}

@@ -49,7 +49,7 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 		log.Error("client", "err", err)
 		return 2
 	}
-	h, err := external.New(cfg, c, node, log)
+	h, watch, err := newAgentHook(cfg, c, node, log)
 	if err != nil {
 		log.Error("hook", "err", err)
 		return 2
@@ -57,7 +57,7 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	if os.Getenv("OHX_MODEL") != "" {
-		if err := followModel(ctx, h, c, cfg, node); err != nil {
+		if err := followModel(ctx, h, c, cfg, node, watch); err != nil {
 			log.Error("model", "err", err)
 			return 2
 		}

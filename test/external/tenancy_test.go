@@ -258,7 +258,7 @@ func tenantEndpoints(t *testing.T, c kubernetes.Interface, ns, svc string, eps m
 
 // followModel runs portal's model of this node and tells h what the
 // dataplane would hold after each change, as cmd/agent does after each sync.
-func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg external.Config, node string) error {
+func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg external.Config, node string, watch *portal.ServiceWatch) error {
 	pcfg := portal.Config{NodeName: node}
 	for _, s := range cfg.ExternalIPCIDRs {
 		p, err := netip.ParsePrefix(s)
@@ -275,7 +275,7 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 		}
 	}
 	tr := portal.NewTracker(pcfg, nil, poke)
-	if _, err := (&portal.Informers{Client: c, NodeName: node}).Start(ctx, tr); err != nil {
+	if _, err := (&portal.Informers{Client: c, NodeName: node, Watch: watch}).Start(ctx, tr); err != nil {
 		return err
 	}
 	go func() {

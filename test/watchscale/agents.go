@@ -36,21 +36,33 @@ func clientFor(rc *rest.Config, c *counter) (kubernetes.Interface, error) {
 }
 
 // startAgent starts node's agent: the model's informers (portal.Informers,
-// as `agent run` builds them) and the cloud hook of cfg (external.New and
-// Run, with no provider that needs the kernel).
-func startAgent(ctx context.Context, rc *rest.Config, node string, cfg external.Config) (*agent, error) {
+// as `agent run` builds them, sharing their watch of Services and
+// EndpointSlices with the hook) and the cloud hook of cfg (external.New
+// and Run, with no provider that needs the kernel).
+// Unshared, they watch Services and EndpointSlices each on their own, as
+// before portal.ServiceWatch (the comparison of heap_test.go).
+func startAgent(ctx context.Context, rc *rest.Config, node string, cfg external.Config, shared bool) (*agent, error) {
 	a := &agent{node: node, count: &counter{}, done: make(chan struct{})}
 	client, err := clientFor(rc, a.count)
 	if err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	hook, err := external.New(cfg, client, node, quiet)
+	var watch *portal.ServiceWatch
+	var opts []external.Option
+	if shared {
+		watch = portal.NewServiceWatch(client, 0)
+		opts = append(opts, external.WithServiceWatch(watch))
+	}
+	hook, err := external.New(cfg, client, node, quiet, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", node, err)
 	}
+	if hook.Idle() {
+		watch = nil
+	}
 	tracker := portal.NewTracker(portal.Config{NodeName: node}, nil, nil)
-	synced, err := (&portal.Informers{Client: client, NodeName: node}).Start(ctx, tracker)
+	synced, err := (&portal.Informers{Client: client, NodeName: node, Watch: watch}).Start(ctx, tracker)
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", node, err)
 	}

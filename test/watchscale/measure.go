@@ -78,7 +78,7 @@ func run(ctx context.Context, log *slog.Logger, mode string, s shape, k int) (*r
 	var agents []*agent
 	began := time.Now()
 	for i := range s.nodes {
-		a, err := startAgent(actx, cp.RESTConfig(), nodeName(i), cfg)
+		a, err := startAgent(actx, cp.RESTConfig(), nodeName(i), cfg, true)
 		if err != nil {
 			return nil, err
 		}

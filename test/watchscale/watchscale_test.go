@@ -24,9 +24,9 @@ func controlPlane(t *testing.T) {
 
 // wantEvents is the watch set of the code, as watch events per change of
 // each kind, summed over n agents each on its own node: every agent
-// watches every Service and EndpointSlice twice (the model's informers and
-// the hook's), every Node through the hook and its own Node through the
-// model. Pods: split, an agent watches only its own node's (the change is
+// watches every Service and EndpointSlice once (one watch for the model
+// and the hook, portal.ServiceWatch), every Node through the hook and its
+// own Node through the model. Pods: split, an agent watches only its own node's (the change is
 // to a Pod of node-0) and the controller settles the claims; otherwise
 // every agent watches every Pod.
 func wantEvents(mode string, n int) map[string]float64 {
@@ -34,7 +34,7 @@ func wantEvents(mode string, n int) map[string]float64 {
 	if modes[mode] {
 		pods = 1
 	}
-	return map[string]float64{"pod": pods, "endpointslice": float64(2 * n), "service": float64(2 * n), "node": float64(n + 1)}
+	return map[string]float64{"pod": pods, "endpointslice": float64(n), "service": float64(n), "node": float64(n + 1)}
 }
 
 // TestWatchCounting: with 3 agents the counts are exactly what the watch
