@@ -14,7 +14,8 @@ import (
 // scavenger returns only what is above the next GC's goal, twice the live
 // heap, so without this the burst's high-water mark stays resident for
 // good. One release (a GC, then the free pages returned) per burst, after
-// Idle without a sync, when at least MinFree bytes are free.
+// Idle without a sync, when the heap holds at least MinFree bytes more than
+// the live data (garbage not yet collected counts: the GC frees it first).
 type MemoryReleaser struct {
 	// LastBusy tells when the agent last did work (the end of its last sync).
 	LastBusy func() time.Time
@@ -22,7 +23,8 @@ type MemoryReleaser struct {
 	MinFree  uint64        // default 16 MiB
 	Log      *slog.Logger
 
-	// free and release are the runtime's; tests replace them.
+	// free (what a release could give back) and release are the
+	// runtime's; tests replace them.
 	free    func() uint64
 	release func()
 }
@@ -36,7 +38,7 @@ func (m *MemoryReleaser) Run(ctx context.Context) {
 		m.MinFree = 16 << 20
 	}
 	if m.free == nil {
-		m.free = heapFree
+		m.free = heapReclaimable
 	}
 	if m.release == nil {
 		m.release = debug.FreeOSMemory
@@ -58,18 +60,32 @@ func (m *MemoryReleaser) Run(ctx context.Context) {
 		if free := m.free(); free >= m.MinFree {
 			m.release()
 			if m.Log != nil {
-				m.Log.Debug("idle: returned free heap to the OS", "free_before", free, "free_after", m.free())
+				m.Log.Debug("idle: returned the heap beyond the live data to the OS", "reclaimable_before", free, "reclaimable_after", m.free())
 			}
 		}
 	}
 }
 
-// heapFree is the heap memory that is free and not yet returned to the OS.
-func heapFree() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+// heapReclaimable is the heap memory the process holds beyond the live
+// data of the last GC: garbage, and free pages not yet returned to the OS.
+func heapReclaimable() uint64 {
+	s := []metrics.Sample{
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/gc/heap/live:bytes"},
+	}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
+	var v [4]uint64
+	for i := range s {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		v[i] = s[i].Value.Uint64()
+	}
+	held := v[0] + v[1] + v[2]
+	if held < v[3] {
 		return 0
 	}
-	return s[0].Value.Uint64()
+	return held - v[3]
 }

@@ -2,6 +2,8 @@ package dataplane
 
 import (
 	"context"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,4 +51,23 @@ func TestMemoryReleaserOncePerBurst(t *testing.T) {
 	setBusy(time.Now())
 	time.Sleep(200 * time.Millisecond)
 	waitFor(2)
+}
+
+// The runtime's figure counts garbage made since the last GC, and a
+// release brings it down.
+func TestHeapReclaimableCountsGarbage(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no GC but ours
+	runtime.GC()
+	var sink []byte
+	for range 64 {
+		sink = make([]byte, 1<<20) // garbage at once, but the last
+	}
+	runtime.KeepAlive(sink)
+	if got := heapReclaimable(); got < 32<<20 {
+		t.Errorf("with 63 MiB of garbage, reclaimable = %d MiB, want at least 32", got>>20)
+	}
+	debug.FreeOSMemory()
+	if got := heapReclaimable(); got > 16<<20 {
+		t.Errorf("after a release, reclaimable = %d MiB, want little", got>>20)
+	}
 }
