@@ -69,8 +69,10 @@ func (r *results) table() string {
 	row("CPU while the objects were written and synced", fmt.Sprintf("%.1f s", r.createCPU), fmt.Sprintf("%.1f s", kp.createCPU))
 	row("full sync after a warm restart (own histogram)", fmt.Sprintf("%.0f ms", r.fullSync*1000))
 	row("full sync after a cold restart (empty table)", fmt.Sprintf("%.0f ms", r.coldFullSync*1000))
-	if kp.ran {
+	if kp.fullSyncs > 0 { // the metric is there in kube-proxy's iptables mode, not always in nftables mode
 		row("its full syncs while the objects were written (own histogram)", "-", secs(kp.fullSync, kp.fullSyncs))
+	}
+	if kp.partialSyncs > 0 {
 		row("its partial syncs while the objects were written (own histogram)", "-", secs(kp.partialSync, kp.partialSyncs))
 	}
 	row("warm restart: SIGKILL until synced and healthy", ms(r.warm))
