@@ -26,7 +26,9 @@ import (
 //     DaemonSet rollout, which counts not-ready pods as unavailable.
 //
 // Both answer JSON with lastUpdated, currentTime (and nodeEligible on
-// /healthz) and the header X-Content-Type-Options: nosniff. As in
+// /healthz) and the header X-Content-Type-Options: nosniff. /healthz also
+// names the agent's servers (ServerFailed) and the cloud hook's providers
+// (ProviderFailed) that fail now, without changing its status code. As in
 // kube-proxy, lastUpdated is the current time while healthy.
 //
 // The methods are safe for concurrent use.
@@ -48,6 +50,9 @@ type HealthServer struct {
 	// serverFailures: the agent's other servers (metrics) that cannot
 	// serve now, with why (ServerFailed).
 	serverFailures map[string]string
+	// providerFailures: the cloud hook's providers that failed to start
+	// or to take their last update, with why (ProviderFailed).
+	providerFailures map[string]string
 }
 
 // NewHealthServer returns a health server that will listen on addr
@@ -123,6 +128,13 @@ type healthBody struct {
 	// the error. It does not change the status code: a metrics port is
 	// no reason for load balancers to drain the node.
 	ServerFailures map[string]string `json:"serverFailures,omitempty"`
+	// ProviderFailures (on /healthz only) names the cloud hook's
+	// providers that fail to start or to update, with the stage and the
+	// error. It does not change the status code either: /healthz is
+	// about the dataplane, which serves; a restart of the agent would
+	// not cure a missing interface or secret, and a 503 would drain the
+	// node from load balancers that reach it by other means.
+	ProviderFailures map[string]string `json:"providerFailures,omitempty"`
 }
 
 // synced reports whether a sync has succeeded since the server started.
@@ -138,14 +150,28 @@ func (h *HealthServer) synced() bool {
 func (h *HealthServer) ServerFailed(what string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	setFailure(&h.serverFailures, what, err)
+}
+
+// ProviderFailed records that the cloud hook's provider (e.g. "l2") fails
+// because of err (its text names the stage), or runs again (err nil);
+// /healthz shows it.
+func (h *HealthServer) ProviderFailed(provider string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	setFailure(&h.providerFailures, provider, err)
+}
+
+// setFailure records err under what in *m, or deletes it when err is nil.
+func setFailure(m *map[string]string, what string, err error) {
 	if err == nil {
-		delete(h.serverFailures, what)
+		delete(*m, what)
 		return
 	}
-	if h.serverFailures == nil {
-		h.serverFailures = map[string]string{}
+	if *m == nil {
+		*m = map[string]string{}
 	}
-	h.serverFailures[what] = err.Error()
+	(*m)[what] = err.Error()
 }
 
 // state returns the proxy's health (ignoring the node) and the node's
@@ -173,6 +199,7 @@ func (h *HealthServer) Handler() http.Handler {
 		body.NodeEligible = &eligible
 		h.mu.Lock()
 		body.ServerFailures = maps.Clone(h.serverFailures)
+		body.ProviderFailures = maps.Clone(h.providerFailures)
 		h.mu.Unlock()
 		body.Healthy = body.Healthy && eligible
 		code := writeHealth(w, body)

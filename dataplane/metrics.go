@@ -46,6 +46,9 @@ type Metrics struct {
 	changedPortals prometheus.Counter
 	messages       prometheus.Counter
 	servicePanics  *prometheus.CounterVec
+
+	providerUp       *prometheus.GaugeVec
+	providerFailures *prometheus.CounterVec
 }
 
 // syncBuckets are kube-proxy's sync-duration buckets: 1ms doubling to ~16s.
@@ -147,6 +150,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Panics recovered while building one Service's portals (stage build) or rendering " +
 				"them in the dataplane (stage render); each left that Service out and gave it an event.",
 		}, []string{"stage"}),
+		// Shaped as MetalLB's metallb_bgp_session_up (a 0/1 gauge) and
+		// metallb_k8s_client_update_errors_total (a counter of failures).
+		providerUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onehop_provider_up",
+			Help: "1 while the cloud hook's provider (bgp, l2, webhook, ...) runs and took its last update, 0 while it fails to start or update.",
+		}, []string{"provider"}),
+		providerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_provider_failures_total",
+			Help: "Failed attempts of the cloud hook's providers, by provider and stage (start or update); each is retried with back-off.",
+		}, []string{"provider", "stage"}),
 	}
 	// Series that exist from the start, so that rate() and absent() work
 	// before the first event.
@@ -165,6 +178,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
 		m.rules, m.elements, m.syncs, m.syncFailures, m.changedPortals, m.messages, m.servicePanics,
+		m.providerUp, m.providerFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -214,6 +228,28 @@ func (m *Metrics) ServicePanics(stage string, n int) {
 		return
 	}
 	m.servicePanics.WithLabelValues(stage).Add(float64(n))
+}
+
+// ProviderUp sets onehop_provider_up of the cloud hook's provider: up
+// when it runs and took its last update.
+func (m *Metrics) ProviderUp(provider string, up bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.providerUp.WithLabelValues(provider).Set(v)
+}
+
+// ProviderFailed counts one failed attempt of provider at stage ("start"
+// or "update") in onehop_provider_failures_total.
+func (m *Metrics) ProviderFailed(provider, stage string) {
+	if m == nil {
+		return
+	}
+	m.providerFailures.WithLabelValues(provider, stage).Inc()
 }
 
 // ObserveProgramming records the time from an endpoint change (the

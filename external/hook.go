@@ -1,6 +1,7 @@
 package external
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,15 +57,20 @@ type Hook struct {
 	podsChanged chan struct{}
 	providers   []Provider
 	extra       []Provider
-	wake        chan struct{}
+	// starts are the providers not started yet (a failed start is tried
+	// again with back-off); phealth reports every provider's state.
+	starts  []providerStart
+	phealth providerHealth
+	wake    chan struct{}
 
 	// The per-node part: this node's liveness Lease and its view of the
 	// others'.
 	leaseInf informers.SharedInformerFactory
 	liveness *liveness
 
-	// The cluster-wide part: events (nil on a node agent of a split
-	// install), the webhook sender, and the name it campaigns under.
+	// Events (a node's on its Node object, the cluster-wide part's on
+	// Services), the cluster-wide part's webhook sender, and the name it
+	// campaigns under.
 	broadcast record.EventBroadcaster
 	rec       record.EventRecorder
 	notifier  *webhook.Notifier
@@ -95,6 +101,9 @@ type Hook struct {
 	// leadership term.
 	leader bool
 	alloc  *allocator
+	// leadCtx is the leadership term's context, nil when not leading:
+	// a webhook sender that starts late leads in it (startWebhook).
+	leadCtx context.Context
 	// reported are the refusals already given an event in this leadership
 	// term.
 	reported map[string]bool
@@ -173,10 +182,9 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 			}
 		}
 	}
-	if r.controller() {
-		h.broadcast = record.NewBroadcaster()
-		h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: identity})
-	}
+	h.broadcast = record.NewBroadcaster()
+	h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: identity})
+	h.phealth.node, h.phealth.log, h.phealth.rec = nodeName, log, h.rec
 	return h, nil
 }
 

@@ -43,12 +43,13 @@ func (h *Hook) lead(ctx context.Context) {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: h.leading,
 				OnStoppedLeading: func() {
-					if h.notifier != nil {
-						h.notifier.Demote()
-					}
 					h.mu.Lock()
-					h.leader, h.alloc, h.reported = false, nil, nil
+					n := h.notifier
+					h.leader, h.alloc, h.reported, h.leadCtx = false, nil, nil, nil
 					h.mu.Unlock()
+					if n != nil {
+						n.Demote()
+					}
 					h.setGranted(nil)
 					h.log.Info("external: lost allocator lease", "node", h.node)
 					h.poke()
@@ -85,12 +86,21 @@ func (h *Hook) leading(ctx context.Context) {
 			return
 		}
 	}
-	if h.notifier != nil && !h.leadWebhook(ctx) {
+	h.mu.Lock()
+	n := h.notifier
+	h.mu.Unlock()
+	if n != nil && !h.leadWebhook(ctx, n) {
 		return
 	}
 	h.mu.Lock()
-	h.leader, h.alloc = true, a
+	h.leader, h.alloc, h.leadCtx = true, a, ctx
+	// A webhook sender that started meanwhile (its start had failed,
+	// startWebhook) leads from now.
+	late := h.notifier
 	h.mu.Unlock()
+	if n == nil && late != nil {
+		h.leadWebhook(ctx, late)
+	}
 	h.poke()
 	if a != nil {
 		a.run(ctx)

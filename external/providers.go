@@ -124,68 +124,130 @@ func webhookPayloads(s *State) []webhook.Payload {
 	return out
 }
 
-// startProviders starts what the hook's role runs: BGP and L2 (with this
-// node's liveness Lease) on a node, the webhook sender where the
-// cluster-wide part runs, the caller's own everywhere.
-func (h *Hook) startProviders(ctx context.Context) error {
-	if h.role.node() {
-		if err := h.startNodeProviders(ctx); err != nil {
-			return err
-		}
-	}
-	if c := h.cfg.Webhook; c != nil && h.role.controller() {
-		n, err := webhook.New(*c, h.log.With("provider", "webhook"), h.webhookFailed, nil)
-		if err != nil {
-			return err
-		}
-		h.notifier = n
-		h.providers = append(h.providers, &webhookProvider{n: n})
-	}
-	h.providers = append(h.providers, h.extra...)
-	return nil
+// providerStart starts one provider of this process's role; a start that
+// fails is tried again with back-off (startDue) until it succeeds.
+type providerStart struct {
+	name  string
+	start func(ctx context.Context) (Provider, error)
 }
 
-// startNodeProviders starts the providers that announce from this node.
-func (h *Hook) startNodeProviders(ctx context.Context) error {
-	if c := h.cfg.BGP; c != nil {
-		var internal []netip.Addr
-		if obj, ok, _ := h.nodes.GetStore().GetByKey(h.node); ok {
-			for _, a := range obj.(*corev1.Node).Status.Addresses {
-				if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP {
-					internal = append(internal, ip)
-				}
+// planProviders lists what the hook's role runs: BGP and L2 (with this
+// node's liveness Lease) on a node, the webhook sender where the
+// cluster-wide part runs; the caller's own, already running, everywhere.
+func (h *Hook) planProviders() {
+	if h.role.node() {
+		if h.cfg.BGP != nil {
+			h.starts = append(h.starts, providerStart{"bgp", h.startBGP})
+		}
+		if h.cfg.L2 != nil {
+			h.starts = append(h.starts, providerStart{"l2", h.startL2})
+		}
+	}
+	if h.cfg.Webhook != nil && h.role.controller() {
+		h.starts = append(h.starts, providerStart{"webhook", h.startWebhook})
+	}
+	for _, s := range h.starts {
+		h.phealth.pending(s.name)
+	}
+	for _, p := range h.extra {
+		h.phealth.ok(p.Name())
+	}
+	h.providers = append(h.providers, h.extra...)
+}
+
+// startDue tries the starts that are due at now; a provider that starts
+// joins h.providers. It returns when the earliest of those still failing
+// is due again (zero when none is left).
+func (h *Hook) startDue(ctx context.Context, now time.Time) (next time.Time) {
+	left := h.starts[:0]
+	for _, s := range h.starts {
+		if !h.phealth.due(s.name, now) {
+			next = earliest(next, h.phealth.status(s.name).next)
+			left = append(left, s)
+			continue
+		}
+		p, err := s.start(ctx)
+		if err != nil {
+			next = earliest(next, h.phealth.failed(s.name, stageStart, err, now))
+			left = append(left, s)
+			continue
+		}
+		h.phealth.ok(s.name)
+		h.providers = append(h.providers, p)
+	}
+	h.starts = left
+	return next
+}
+
+// earliest is the earlier of a and b, a zero time counting as none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func (h *Hook) startWebhook(context.Context) (Provider, error) {
+	n, err := webhook.New(*h.cfg.Webhook, h.log.With("provider", "webhook"), h.webhookFailed, nil)
+	if err != nil {
+		return nil, err
+	}
+	// Started while this process leads (its first start failed): it
+	// leads from now, in this term (leading covers the other order).
+	h.mu.Lock()
+	h.notifier = n
+	lctx := h.leadCtx
+	h.mu.Unlock()
+	if lctx != nil {
+		go h.leadWebhook(lctx, n)
+	}
+	return &webhookProvider{n: n}, nil
+}
+
+// startBGP starts this node's BGP speaker.
+func (h *Hook) startBGP(ctx context.Context) (Provider, error) {
+	var internal []netip.Addr
+	if obj, ok, _ := h.nodes.GetStore().GetByKey(h.node); ok {
+		for _, a := range obj.(*corev1.Node).Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP {
+				internal = append(internal, ip)
 			}
 		}
-		sp, err := bgp.NewSpeaker(*c, internal, h.log.With("provider", "bgp"))
-		if err != nil {
-			return err
-		}
-		if err := sp.Start(ctx); err != nil {
-			return err
-		}
-		h.providers = append(h.providers, &bgpProvider{sp: sp})
 	}
-	if c := h.cfg.L2; c != nil {
-		ifaces := c.Interfaces
-		if len(ifaces) == 0 {
-			name, err := interfaceOf(h.nodeAddrs(h.node))
-			if err != nil {
-				return err
-			}
-			ifaces = []string{name}
-		}
-		r, err := l2.NewResponder(ifaces, h.log.With("provider", "l2"))
-		if err != nil {
-			return err
-		}
-		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
-		h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
-		// Back from an outage or a partition: the others may have taken
-		// this node's IPs meanwhile; announcing them again moves clients back.
-		h.liveness.resumed = func() { r.Reannounce(r.Owned()) }
-		h.providers = append(h.providers, &l2Provider{r: r})
+	sp, err := bgp.NewSpeaker(*h.cfg.BGP, internal, h.log.With("provider", "bgp"))
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if err := sp.Start(ctx); err != nil {
+		_ = sp.Stop(ctx)
+		return nil, err
+	}
+	return &bgpProvider{sp: sp}, nil
+}
+
+// startL2 starts this node's ARP/NDP responder; its liveness Lease is
+// renewed only once it answers (Run starts it), so that no other node
+// counts on this one for an IP it cannot announce.
+func (h *Hook) startL2(context.Context) (Provider, error) {
+	c := h.cfg.L2
+	ifaces := c.Interfaces
+	if len(ifaces) == 0 {
+		name, err := interfaceOf(h.nodeAddrs(h.node))
+		if err != nil {
+			return nil, err
+		}
+		ifaces = []string{name}
+	}
+	r, err := l2.NewResponder(ifaces, h.log.With("provider", "l2"))
+	if err != nil {
+		return nil, err
+	}
+	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+	h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
+	// Back from an outage or a partition: the others may have taken
+	// this node's IPs meanwhile; announcing them again moves clients back.
+	h.liveness.resumed = func() { r.Reannounce(r.Owned()) }
+	return &l2Provider{r: r}, nil
 }
 
 // webhookFailed puts an event on the Service (first and every 5th attempt).

@@ -67,22 +67,47 @@ func (h *Hook) Run(ctx context.Context) error {
 	// One look over the complete listings, even if nothing changes after
 	// them: the registry's first answer (RefusedExternalIPs) comes from it.
 	h.poke()
-	if err := h.startProviders(ctx); err != nil {
-		return err
-	}
+	h.planProviders()
 	var wg sync.WaitGroup
 	if h.role.controller() && h.needsLeader() {
 		wg.Go(func() { h.lead(ctx) })
 	}
-	if h.liveness != nil {
-		stop, err := h.watchLiveness(ctx, &wg)
-		if err != nil {
-			return err
+	// A provider that cannot start (a missing interface or secret, a
+	// listen error) is tried again after its back-off (startRetry), and
+	// what comes with it starts with it: the liveness Lease with L2, the
+	// webhook's sender.
+	startRetry := time.NewTimer(time.Hour)
+	defer startRetry.Stop()
+	startRetry.Stop()
+	var stopLiveness func()
+	defer func() {
+		if stopLiveness != nil {
+			stopLiveness()
 		}
-		defer stop()
+	}()
+	notifying := false
+	startAll := func() error {
+		if len(h.starts) == 0 {
+			return nil
+		}
+		if next := h.startDue(ctx, time.Now()); !next.IsZero() {
+			startRetry.Reset(time.Until(next))
+		}
+		if h.liveness != nil && stopLiveness == nil {
+			stop, err := h.watchLiveness(ctx, &wg)
+			if err != nil {
+				return err
+			}
+			stopLiveness = stop
+		}
+		if h.notifier != nil && !notifying {
+			h.notifier.Start(ctx)
+			notifying = true
+		}
+		return nil
 	}
-	if h.notifier != nil {
-		h.notifier.Start(ctx)
+	if err := startAll(); err != nil {
+		return err
 	}
 	// Every change the hook acts on comes with a poke (informer events,
 	// what the dataplane serves, leadership, a node's first or last Lease)
@@ -100,9 +125,10 @@ func (h *Hook) Run(ctx context.Context) error {
 	defer throttle.Stop()
 	throttle.Stop()
 	// told is what each provider was last told without an error. A failed
-	// update is tried again with the state of that moment after a back-off
-	// (retryFirst, doubling up to retryMax), not only when something else
-	// changes; providers that took the state are not told it again.
+	// update is tried again with the state of that moment after its
+	// provider's back-off (retryFirst, doubling up to retryMax;
+	// providerHealth), not only when something else changes; providers
+	// that took the state are not told it again.
 	told := make([]string, len(h.providers))
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
@@ -121,6 +147,8 @@ func (h *Hook) Run(ctx context.Context) error {
 			pending = true
 		case <-retry.C:
 			pending = true
+		case <-startRetry.C:
+			pending = true
 		case <-throttle.C:
 		}
 		if !pending {
@@ -138,34 +166,40 @@ func (h *Hook) Run(ctx context.Context) error {
 				expiry.Stop()
 			}
 		}
+		if err := startAll(); err != nil {
+			return err
+		}
+		for len(told) < len(h.providers) {
+			told = append(told, "")
+		}
 		if h.standby() {
 			continue
 		}
 		st := h.state()
 		fp := fingerprint(st)
-		failed := false
+		var again time.Time // when to try failed updates again
 		for i, p := range h.providers {
 			if told[i] == fp {
 				continue
 			}
 			if err := p.Update(ctx, st); err != nil {
-				failed = true
-				h.log.Warn("provider update failed; trying again", "provider", p.Name(), "err", err, "in", nextBackoff(backoff))
+				again = earliest(again, h.phealth.failed(p.Name(), stageUpdate, err, time.Now()))
 				continue
 			}
 			told[i] = fp
+			h.phealth.ok(p.Name())
 		}
 		if h.role == roleController && h.cfg.settles() {
 			if err := h.publishGrants(ctx); err != nil {
-				failed = true
-				h.log.Warn("pod external IP grants not written; trying again", "err", err, "in", nextBackoff(backoff))
+				backoff = nextBackoff(backoff)
+				again = earliest(again, time.Now().Add(backoff))
+				h.log.Warn("pod external IP grants not written; trying again", "err", err, "in", backoff)
+			} else {
+				backoff = 0
 			}
 		}
-		if failed {
-			backoff = nextBackoff(backoff)
-			retry.Reset(backoff)
-		} else {
-			backoff = 0
+		if !again.IsZero() {
+			retry.Reset(time.Until(again))
 		}
 	}
 	// Withdraw first: routers must stop sending here before the dataplane goes.
@@ -183,8 +217,8 @@ func (h *Hook) Run(ctx context.Context) error {
 	return nil
 }
 
-// The back-off of a failed provider update: retryFirst, doubling up to
-// retryMax.
+// The back-off of a provider's failed start or update: retryFirst,
+// doubling up to retryMax.
 const (
 	retryFirst = time.Second
 	retryMax   = 30 * time.Second

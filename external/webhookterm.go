@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcoordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	"github.com/onehop/onehop/external/webhook"
 )
 
 // AnnotationWebhookTerm, on the allocator Lease, is the last leadership
@@ -82,10 +84,10 @@ func tryClaimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseIn
 
 // leadWebhook claims a term and starts the webhook sender's part of it;
 // false when it could not (ctx ended, or the Lease moved on).
-func (h *Hook) leadWebhook(ctx context.Context) bool {
+func (h *Hook) leadWebhook(ctx context.Context, n *webhook.Notifier) bool {
 	term, err := claimWebhookTerm(ctx, h.client.CoordinationV1().Leases(h.cfg.LeaseNamespace), AllocatorLeaseName, h.identity, h.log)
 	if err == nil {
-		err = h.notifier.Lead(ctx, term)
+		err = n.Lead(ctx, term)
 	}
 	if err != nil {
 		h.log.Error("external: webhook sender not started in this term", "err", err)

@@ -544,7 +544,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		// One watch of Services and EndpointSlices for the model and the
 		// hook, which needs them all (external.WithServiceWatch).
 		watch = portal.NewServiceWatch(client, 0)
-		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch))
+		// A provider that cannot start or update shows in /healthz's
+		// providerFailures, onehop_provider_up and events on this Node.
+		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch), external.WithProviderHealth(health, metrics))
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}
