@@ -15,9 +15,10 @@ import (
 // it, unless the hook is idle (then watch is nil and the model watches its
 // own part). The model's informers (portal.Informers with Watch) are the
 // caller's to start, if any: without them the hook starts the watch itself.
-func newAgentHook(cfg external.Config, c kubernetes.Interface, node string, log *slog.Logger) (h *external.Hook, watch *portal.ServiceWatch, err error) {
+// opts are added to the agent's.
+func newAgentHook(cfg external.Config, c kubernetes.Interface, node string, log *slog.Logger, opts ...external.Option) (h *external.Hook, watch *portal.ServiceWatch, err error) {
 	watch = portal.NewServiceWatch(c, 0)
-	h, err = external.New(cfg, c, node, log, external.WithServiceWatch(watch))
+	h, err = external.New(cfg, c, node, log, append([]external.Option{external.WithServiceWatch(watch)}, opts...)...)
 	if err != nil {
 		return nil, nil, err
 	}

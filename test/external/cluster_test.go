@@ -2,11 +2,9 @@ package external
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -588,17 +586,12 @@ func TestWebhookSplitController(t *testing.T) {
 	tp := newTopo(t)
 	tp.add("cp")
 	cp, c := tp.startControlPlane("cp", "")
-	rcv := newHookReceiver()
-	cert, caFile := selfSignedTLS(t)
-	srv := httptest.NewUnstartedServer(rcv)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	srv.StartTLS()
-	defer srv.Close()
+	rcv, url, caFile := startTLSReceiver(t)
 	createReadyNode(t, c, "n1", "10.0.0.11")
 	createReadyNode(t, c, "n2", "10.0.0.12")
 	sp := newSplit(t, cp)
 	cfg := sp.config(ipamConfig())
-	cfg.Webhook = &webhook.Config{URL: srv.URL, CAFile: caFile, Secret: "s3cret", MaxBackoffSeconds: 1}
+	cfg.Webhook = &webhook.Config{URL: url, CAFile: caFile, Secret: "s3cret", MaxBackoffSeconds: 1}
 	sp.runController(cfg, "onehop-controller-0", "")
 
 	createLB(t, c, "web", 80, func(s *corev1.Service) {

@@ -67,6 +67,19 @@ type hookReceiver struct {
 
 func newHookReceiver() *hookReceiver { return &hookReceiver{mirror: webhook.NewMirror()} }
 
+// startTLSReceiver serves a hookReceiver over https (a self-signed
+// certificate, whose CA file it returns) until the test ends.
+func startTLSReceiver(t *testing.T) (rcv *hookReceiver, url, caFile string) {
+	t.Helper()
+	rcv = newHookReceiver()
+	cert, caFile := selfSignedTLS(t)
+	srv := httptest.NewUnstartedServer(rcv)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return rcv, srv.URL, caFile
+}
+
 func (r *hookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
 	r.mu.Lock()
@@ -191,16 +204,11 @@ func TestWebhookFollowsEndpoints(t *testing.T) {
 	tp := newTopo(t)
 	tp.add("cp")
 	_, c := tp.startControlPlane("cp", "")
-	rcv := newHookReceiver()
-	cert, caFile := selfSignedTLS(t)
-	srv := httptest.NewUnstartedServer(rcv)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	srv.StartTLS()
-	defer srv.Close()
+	rcv, url, caFile := startTLSReceiver(t)
 	createReadyNode(t, c, "n1", "10.0.0.11")
 	createReadyNode(t, c, "n2", "10.0.0.12")
 	cfg := ipamConfig()
-	cfg.Webhook = &webhook.Config{URL: srv.URL, CAFile: caFile, Secret: "s3cret", MaxBackoffSeconds: 1}
+	cfg.Webhook = &webhook.Config{URL: url, CAFile: caFile, Secret: "s3cret", MaxBackoffSeconds: 1}
 	stops := map[string]func(){"n1": runHook(t, cfg, c, "n1"), "n2": runHook(t, cfg, c, "n2")}
 
 	createLB(t, c, "web", 80, func(s *corev1.Service) {
