@@ -45,7 +45,7 @@ func NewResponder(ifnames []string, log *slog.Logger) (*Responder, error) {
 		ifi, err := net.InterfaceByName(name)
 		if err != nil {
 			r.Close()
-			return nil, fmt.Errorf("l2: %w", err)
+			return nil, fmt.Errorf("l2: interface %s: %w", name, err)
 		}
 		l := &link{ifi: ifi, groups: map[netip.Addr]int{}}
 		if c, err := arp.Dial(ifi); err == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
 )
 
@@ -178,4 +179,49 @@ func nodeEvents(t *testing.T, c kubernetes.Interface, node, reason string) int {
 		}
 	}
 	return n
+}
+
+// TestL2ProviderMissingInterface: an agent (hookMain, in node1's namespace)
+// whose l2 interface lan0 does not exist keeps running and puts a
+// ProviderFailed event naming lan0 on its Node; once lan0 exists (a veth to
+// a client) the responder starts on its next try, the Node gets
+// ProviderRecovered, and the client's ARP for the VIP is answered from
+// lan0.
+func TestL2ProviderMissingInterface(t *testing.T) {
+	needs(t)
+	lab := newTopo(t)
+	lab.add("cp", "node1", "client")
+	lab.veth("cp", "eth0", "node1", "eth0")
+	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
+	lab.ip("node1", "addr", "add", "10.0.0.11/24", "dev", "eth0")
+	cp, c := lab.startControlPlane("cp", "10.0.0.2")
+	createReadyNode(t, c, "node1", "10.0.0.11")
+	cfg := external.Config{
+		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+		LeaseNamespace: "default",
+		L2:             &l2.Config{Interfaces: []string{"lan0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
+	}
+	lab.startAgent("node1", cfg, cp.Kubeconfig)
+	if msg := eventIn(t, c, "default", "node1", "ProviderFailed"); !strings.Contains(msg, "l2") || !strings.Contains(msg, "lan0") {
+		t.Fatalf("ProviderFailed on node1: %q; want the provider and the interface named", msg)
+	}
+	createLB(t, c, "web", 80)
+	lbIPs(t, c, "web", "allocation", some)
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2"})
+
+	lab.veth("node1", "lan0", "client", "eth0")
+	lab.ip("node1", "addr", "add", "10.1.0.1/24", "dev", "lan0")
+	lab.ip("client", "addr", "add", "10.1.0.100/24", "dev", "eth0")
+	lab.ip("client", "route", "add", vip+"/32", "dev", "eth0")
+	eventIn(t, c, "default", "node1", "ProviderRecovered")
+	want := lab.mac("node1", "lan0")
+	if _, ok := waitFor(context.Background(), 15*time.Second, func() bool {
+		_, _ = lab.get("client", vip+":80") // resolves the VIP; nothing listens
+		return lab.neigh(vip) == want
+	}); !ok {
+		t.Fatalf("client's entry for %s is %q, want node1's lan0 %s", vip, lab.neigh(vip), want)
+	}
+	if n := nodeEvents(t, c, "node1", "ProviderFailed"); n != 1 {
+		t.Fatalf("%d ProviderFailed events on node1, want 1", n)
+	}
 }
