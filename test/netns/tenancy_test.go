@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/nsutil"
 )
@@ -82,7 +83,8 @@ func TestRefusedExternalIPIsNotServed(t *testing.T) {
 
 // newPodIPCluster is a namespace cluster whose agents run the cloud hook's
 // per-node part as deploy/ ships it (separateController) with pod external
-// IPs on, so that each node's registry runs.
+// IPs on, so that each node's registry runs, and `agent controller` beside
+// them with its own identity: it settles which Pod holds an external IP.
 func newPodIPCluster(t *testing.T) *netns.Cluster {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "onehop.yaml")
@@ -90,5 +92,23 @@ func newPodIPCluster(t *testing.T) *netns.Cluster {
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return netns.NewForTest(t, netns.Config{AgentArgs: []string{"--config", cfg}})
+	c := netns.NewForTest(t, netns.Config{AgentArgs: []string{"--config", cfg}})
+	node := c.Nodes[0]
+	id, err := c.CP.PodIdentity(ctxFor(t), cluster.AgentNamespace, cluster.ControllerServiceAccount, "onehop-controller-0", node.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := nsutil.Start(node.Netns, "agent controller", filepath.Join(t.TempDir(), "controller.log"), nil,
+		c.AgentArgs(node)[0], "controller", "--config", cfg, "--kubeconfig", id.Kubeconfig,
+		"--identity", "onehop-controller-0", "--healthz-bind-address", "127.0.0.1:10258")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctl.Stop(5 * time.Second)
+		if t.Failed() {
+			t.Logf("=== agent controller log (tail):\n%s", ctl.Tail(3000))
+		}
+	})
+	return c
 }
