@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,11 +29,17 @@ import (
 // change, so that a new version rewrites the chains of an older one.
 const layoutVersion = "onehop5"
 
-// ruleTag is the user data of a chain's rules.
-func ruleTag(id uint32, content string) []byte {
-	h := fnv.New64a()
-	h.Write([]byte(content))
-	return fmt.Appendf(nil, "%s %d %016x", layoutVersion, id, h.Sum64())
+// ruleTag is the user data of a chain's rules: the layout, the chain's id
+// and a hash (FNV-1a, 64 bits) of what its rules are made from.
+func ruleTag[T string | []byte](id uint32, content T) []byte {
+	// hash/fnv's New64a, written out: through its interface content would
+	// leave the caller's stack.
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(content); i++ {
+		h ^= uint64(content[i])
+		h *= 1099511628211
+	}
+	return fmt.Appendf(nil, "%s %d %016x", layoutVersion, id, h)
 }
 
 // parseTag returns the chain id in a rule tag written by this layout
@@ -49,10 +54,10 @@ func parseTag(tag []byte) (uint32, bool) {
 }
 
 // bodyTag is the tag of a per-portal chain with id holding body: ruleTag
-// of fmt's "%+v|%s" of body and cfgKey, written out by hand (a full sync
-// tags 10k chains; fmt's reflection was a sixth of its time). Kernels hold
-// tags written by either, so the bytes must stay the same
-// (TestBodyTagMatchesFmt).
+// of body's fields and cfgKey, written out by hand (a full sync tags 10k
+// chains; fmt's reflection was a sixth of its time, and its %+v printed
+// netip.Addr's internals, a pointer among them). The bytes are pinned by
+// TestBodyTagIsPinned: a change rewrites every chain on upgrade.
 func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 	var arr [512]byte
 	buf := append(arr[:0], "{family:"...)
@@ -77,14 +82,7 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 		// must not pass for this one.
 		buf = append(buf, "|map"...)
 	}
-	// FNV-1a, 64 bits (hash/fnv's New64a), without its interface, so that
-	// buf stays on the stack.
-	h := uint64(14695981039346656037)
-	for _, c := range buf {
-		h ^= uint64(c)
-		h *= 1099511628211
-	}
-	return fmt.Appendf(nil, "%s %d %016x", layoutVersion, id, h)
+	return ruleTag(id, buf)
 }
 
 // cfgKey is what of the configuration the rules are made from (the
