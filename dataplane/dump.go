@@ -25,6 +25,9 @@ type DumpPort struct {
 	Packets   uint64         `json:"packets"`
 	Bytes     uint64         `json:"bytes"`
 	Note      string         `json:"note,omitempty"` // e.g. "no endpoints: reject"
+	// Balancing is how a new connection's endpoint is picked when it is
+	// not at random: "maglev (1021 slots)".
+	Balancing string `json:"balancing,omitempty"`
 }
 
 // DumpEntry is one way into a Service port.
@@ -73,6 +76,9 @@ func (d *Dump) WriteTable(w io.Writer) error {
 		}
 		if p.Note != "" {
 			fmt.Fprintf(tw, "  note\t%s\n", p.Note)
+		}
+		if p.Balancing != "" {
+			fmt.Fprintf(tw, "  balancing\t%s\n", p.Balancing)
 		}
 		for _, ep := range p.Endpoints {
 			extra := []string{}

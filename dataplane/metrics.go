@@ -43,12 +43,14 @@ type Metrics struct {
 	elements       prometheus.Gauge
 	syncs          *prometheus.CounterVec
 	syncFailures   *prometheus.CounterVec
+	syncCPU        *prometheus.CounterVec
 	changedPortals prometheus.Counter
 	messages       prometheus.Counter
 	servicePanics  *prometheus.CounterVec
 
 	providerUp       *prometheus.GaugeVec
 	providerFailures *prometheus.CounterVec
+	hook             *hookMetrics
 }
 
 // syncBuckets are kube-proxy's sync-duration buckets: 1ms doubling to ~16s.
@@ -137,6 +139,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "onehop_sync_failures_total",
 			Help: "Syncs of the dataplane that failed (the kernel kept its previous state), by mode.",
 		}, []string{"mode"}),
+		syncCPU: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_sync_cpu_seconds_total",
+			Help: "CPU time the syncs of the dataplane spent, the kernel's work on their messages included " +
+				"(not the time they waited for a CPU), by mode: the duration histograms less this is waiting.",
+		}, []string{"mode"}),
 		changedPortals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onehop_sync_changed_portals_total",
 			Help: "Service ports whose kernel state a successful sync changed.",
@@ -160,12 +167,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "onehop_provider_failures_total",
 			Help: "Failed attempts of the cloud hook's providers, by provider and stage (start or update); each is retried with back-off.",
 		}, []string{"provider", "stage"}),
+		hook: newHookMetrics(),
 	}
 	// Series that exist from the start, so that rate() and absent() work
 	// before the first event.
 	for _, mode := range []string{"full", "partial"} {
 		m.syncs.WithLabelValues(mode)
 		m.syncFailures.WithLabelValues(mode)
+		m.syncCPU.WithLabelValues(mode)
 	}
 	for _, stage := range []string{PanicStageBuild, PanicStageRender} {
 		m.servicePanics.WithLabelValues(stage)
@@ -174,10 +183,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.healthz.WithLabelValues(code)
 		m.livez.WithLabelValues(code)
 	}
+	reg.MustRegister(m.hook.collectors()...)
 	reg.MustRegister(
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
-		m.rules, m.elements, m.syncs, m.syncFailures, m.changedPortals, m.messages, m.servicePanics,
+		m.rules, m.elements, m.syncs, m.syncFailures, m.syncCPU, m.changedPortals, m.messages, m.servicePanics,
 		m.providerUp, m.providerFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -199,6 +209,7 @@ func (m *Metrics) ObserveSync(s SyncStats, err error) {
 		byMode = m.syncFullDuration
 	}
 	m.syncs.WithLabelValues(mode).Inc()
+	m.syncCPU.WithLabelValues(mode).Add(max(s.CPU, 0).Seconds())
 	m.ServicePanics(PanicStageRender, len(s.Panics))
 	if s.Duration > 0 {
 		m.syncDuration.Observe(s.Duration.Seconds())

@@ -32,7 +32,7 @@ func TestMetricsScrapeAfterSyncs(t *testing.T) {
 	base := startMetrics(t, m, reg, false)
 
 	m.ObserveSync(SyncStats{Full: true, Services: 3, Changed: 5, Messages: 7, Rules: 42, Elements: 99,
-		Duration: 3 * time.Millisecond}, nil)
+		Duration: 3 * time.Millisecond, CPU: 2 * time.Millisecond}, nil)
 	m.ObserveSync(SyncStats{Full: false, Changed: 1, Messages: 2, Rules: 43, Elements: 100,
 		Duration: time.Millisecond}, nil)
 	// A failed sync counts, but leaves the ruleset sizes and the last-sync time alone.
@@ -76,6 +76,8 @@ func TestMetricsScrapeAfterSyncs(t *testing.T) {
 		`onehop_sync_failures_total{mode="partial"} 1`,
 		`onehop_sync_changed_portals_total 6`,
 		`onehop_sync_messages_total 9`,
+		`onehop_sync_cpu_seconds_total{mode="full"} 0.002`,
+		`onehop_sync_cpu_seconds_total{mode="partial"} 0`,
 	} {
 		if !lines[want] {
 			t.Errorf("scrape lacks %q", want)

@@ -20,6 +20,8 @@ type Backend struct {
 	cfg     dataplane.Config
 	log     *slog.Logger
 	netnsFD int
+	// ruleDumpPerChainFrom overrides perChainRuleDumpFrom (tests).
+	ruleDumpPerChainFrom int
 
 	table *nftables.Table
 	sets  map[string]*nftables.Set
@@ -41,6 +43,7 @@ type Backend struct {
 	elements int
 	lastUse  uint32 // the table's use count after our last sync
 	gen      genTracker
+	socks    sockets
 	// cfgKeyText is cfgKey, formatted once in New.
 	cfgKeyText string
 }
@@ -66,6 +69,7 @@ func New(cfg dataplane.Config, opts ...Option) *Backend {
 	for _, o := range opts {
 		o(b)
 	}
+	b.socks = sockets{netnsFD: b.netnsFD}
 	b.cfgKeyText = b.formatCfgKey()
 	b.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 	b.sets = map[string]*nftables.Set{}
@@ -124,14 +128,14 @@ func (b *Backend) releaseID(name string) {
 func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {
 	start := time.Now()
 	full = full || !b.synced
-	gen0, genErr := generation(b.netnsFD)
+	gen0, genErr := generation(&b.socks)
 	memoryKnown := b.synced && b.gen.known && genErr == nil && gen0 == b.gen.gen
 	readBack := full && !memoryKnown
-	conn, err := newConn(b.netnsFD)
+	conn, err := b.socks.queryConn()
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
-	txConn, err := newTxConn(b.netnsFD)
+	txConn, err := newTxConn(&b.socks)
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
@@ -140,7 +144,9 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	}
 	t := b.newTx(txConn, readBack)
 	if readBack {
+		t.presize(snap)
 		if err := b.prepareFull(t, conn); err != nil {
+			b.socks.dropQuery()
 			b.gen.known = false
 			return dataplane.SyncStats{}, err
 		}
@@ -182,9 +188,11 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		b.gen.known = false
 		return stats, err
 	}
-	b.gen.after(b.netnsFD, gen0, genErr, stats.Messages > 0, readBack || memoryKnown)
+	b.gen.after(&b.socks, gen0, genErr, stats.Messages > 0, readBack || memoryKnown)
 	if tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err == nil {
 		b.lastUse = tb.Use
+	} else {
+		b.socks.dropQuery()
 	}
 	return stats, nil
 }
@@ -229,10 +237,18 @@ func (b *Backend) Check(ctx context.Context) error {
 	if !b.synced {
 		return nil
 	}
-	conn, err := newConn(b.netnsFD)
+	conn, err := b.socks.queryConn()
 	if err != nil {
 		return err
 	}
+	err = b.check(conn)
+	if err != nil {
+		b.socks.dropQuery()
+	}
+	return err
+}
+
+func (b *Backend) check(conn *nftables.Conn) error {
 	tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("table inet %s is gone: %w", TableName, err)
@@ -253,9 +269,15 @@ func (b *Backend) Check(ctx context.Context) error {
 	return nil
 }
 
+// Close closes the netlink sockets the backend keeps between syncs. The
+// backend stays usable: the next request opens them again.
+func (b *Backend) Close() error { return b.socks.close() }
+
 // Cleanup implements dataplane.Dataplane: it deletes the onehop table, and
-// nothing else. A missing table is not an error.
+// nothing else. A missing table is not an error. It closes the sockets the
+// backend keeps.
 func (b *Backend) Cleanup(ctx context.Context) error {
+	defer b.socks.close()
 	conn, err := newConn(b.netnsFD)
 	if err != nil {
 		return err

@@ -20,15 +20,15 @@ import (
 // message, sends the batch on a real socket, waits for that last ack (or
 // the errors), and hands nftables the acknowledgements it expects.
 type batchSender struct {
-	netnsFD int
+	socks   *sockets
 	pending []netlink.Message
 }
 
 // newTxConn returns an nftables connection whose Flush goes through a
 // batchSender. Use it only to build and flush transactions; queries need a
 // connection from newConn.
-func newTxConn(netnsFD int) (*nftables.Conn, error) {
-	s := &batchSender{netnsFD: netnsFD}
+func newTxConn(socks *sockets) (*nftables.Conn, error) {
+	s := &batchSender{socks: socks}
 	return nftables.New(nftables.WithTestDial(s.exchange))
 }
 
@@ -79,19 +79,12 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 	req[last].Header.Flags |= netlink.Acknowledge
 	lastSeq := req[last].Header.Sequence
 
-	cfg := &netlink.Config{}
-	if s.netnsFD >= 0 {
-		cfg.NetNS = s.netnsFD
-	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	conn, err := s.socks.txConn()
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	if err := bigBuffers(conn); err != nil {
-		return nil, err
-	}
 	if err := sendBatch(conn, req); err != nil {
+		s.socks.dropTx()
 		return nil, fmt.Errorf("send batch: %w", err)
 	}
 	var failure error
@@ -105,6 +98,9 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 			} else {
 				failure = err
 			}
+			// What else the kernel answered is still queued: the socket
+			// is not used again.
+			s.socks.dropTx()
 			break
 		}
 		if ackedSeq(msgs, lastSeq) {

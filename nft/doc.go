@@ -54,6 +54,33 @@
 // (mod 1): a new rule makes the kernel validate the whole table, which at
 // 10k Services costs more than the rest of the sync, and a one-replica
 // Service whose pod is replaced is the most common change there is.
+//
+// A Service port that balances by Maglev (the onehop.io/balancing: maglev
+// annotation, or --balancing maglev for all) picks by a hash of the
+// connection instead, with a seed that is the same on every node, in a
+// Maglev lookup table (dataplane.MaglevTable) that the endpoint maps hold,
+// one element per slot (<id> . <slot> : 10.244.2.2 . 8080):
+//
+//	chain svc<f>/...
+//	    meta nfproto ipv4 counter dnat ip to <id> . jhash ip saddr . th sport . ip daddr . th dport . meta l4proto mod 1021 seed 0x6f6e6568 map @endpoints<f>-<shard>
+//
+// The table is made from the endpoints alone, so every node that has them
+// sends a flow to the same one: a flow that a router moves to another node
+// reaches the same pod. It has a prime number of slots, at least 100 per
+// endpoint: 1021 for up to 10 endpoints, 4093 up to 40, 16381 up to 163,
+// 65521 beyond. An endpoint that comes or goes rewrites the slots whose
+// endpoint changed, about 1/N of them plus Maglev's own extra (12 to 13%
+// of the slots when one of 10 goes, under 5% for one of 40, 2.4% for one
+// of 100), as element updates; only a new table size (the endpoint count
+// crossing 10, 40 or 163) rewrites the rule and every slot, and remaps
+// nearly every flow. Each endpoint holds the table's size over N slots,
+// give or take one. testdata/ruleset-maglev.golden shows such a chain.
+// `agent trace` computes the hash as the kernel does, for the source port
+// given (40000 when none is), and says that another source port may go
+// elsewhere. ClientIP affinity takes precedence: a Service port with both
+// has the affinity chains below, whose memory is per node, and its new
+// clients are picked at random.
+//
 // With ClientIP affinity the chain sends a client it remembers back to its
 // endpoint, and a new client to a random one, whose chain remembers it:
 //
@@ -128,6 +155,6 @@
 //
 // Dispatch is one hash lookup whatever the number of Services (two for a
 // way in with source ranges), and an
-// endpoint is picked by one numgen and one map lookup: the cost of a
-// connection does not grow with the number of Services or endpoints.
+// endpoint is picked by one numgen (or jhash) and one map lookup: the cost
+// of a connection does not grow with the number of Services or endpoints.
 package nft

@@ -220,6 +220,9 @@ func (k *kernelTable) dump() *dataplane.Dump {
 		}
 		p := port(pk)
 		for _, r := range k.rules[name] {
+			if size, ok := maglevSlots(r); ok {
+				p.Balancing = fmt.Sprintf("maglev (%d slots)", size)
+			}
 			pkts, bytes := ruleCounter(r)
 			if kind == kindService || kind == kindAffinityEndpoint || (kind == kindExternal && p.Packets == 0) {
 				p.Packets, p.Bytes = p.Packets+pkts, p.Bytes+bytes

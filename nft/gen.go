@@ -10,21 +10,24 @@ import (
 )
 
 // generation returns the nftables ruleset generation of the network
-// namespace netnsFD (-1: the caller's). The kernel bumps it at every
+// namespace of s. The kernel bumps it at every
 // committed transaction, by anyone, in any table; set elements that the
 // packet path adds or that time out (affinity entries) do not bump it.
 // So when it is where onehop's own last transaction left it, the kernel
 // holds exactly what onehop wrote.
-func generation(netnsFD int) (uint32, error) {
-	cfg := &netlink.Config{}
-	if netnsFD >= 0 {
-		cfg.NetNS = netnsFD
-	}
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+func generation(s *sockets) (uint32, error) {
+	c, err := s.genConn()
 	if err != nil {
 		return 0, fmt.Errorf("nftables generation: %w", err)
 	}
-	defer c.Close()
+	gen, err := askGeneration(c)
+	if err != nil {
+		s.dropGen()
+	}
+	return gen, err
+}
+
+func askGeneration(c *netlink.Conn) (uint32, error) {
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN),
@@ -67,12 +70,12 @@ type genTracker struct {
 // it committed a transaction, and startKnown whether the state it started
 // from was the kernel's (read back, or verified). The result is known only
 // when exactly that transaction, and nothing else, happened since.
-func (g *genTracker) after(netnsFD int, before uint32, beforeErr error, sent, startKnown bool) {
+func (g *genTracker) after(s *sockets, before uint32, beforeErr error, sent, startKnown bool) {
 	g.known = false
 	if beforeErr != nil || !startKnown {
 		return
 	}
-	now, err := generation(netnsFD)
+	now, err := generation(s)
 	if err != nil {
 		return
 	}

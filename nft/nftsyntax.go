@@ -174,6 +174,8 @@ func (d *ruleDecoder) expr(e expr.Any) {
 			text += fmt.Sprintf(" offset %d", e.Offset)
 		}
 		d.set(e.Register, &regValue{text: text, dt: dtInteger, size: 4})
+	case *expr.Hash:
+		d.hash(e)
 	case *expr.Immediate:
 		d.set(e.Register, &regValue{imm: e.Data, dt: dtInvalid, size: len(e.Data)})
 	case *expr.Bitwise:
@@ -205,6 +207,24 @@ func (d *ruleDecoder) expr(e expr.Any) {
 	default:
 		d.stmt("[not decoded: %T %+v]", e, e)
 	}
+}
+
+// hash: jhash <the registers it reads> mod N seed 0x..., or symhash mod N
+// (a hash of the packet's addresses and ports, in either direction).
+func (d *ruleDecoder) hash(e *expr.Hash) {
+	text := fmt.Sprintf("symhash mod %d", e.Modulus)
+	if e.Type == expr.HashTypeJenkins {
+		text = fmt.Sprintf("jhash %s mod %d seed 0x%x", d.key(e.SourceRegister, int(e.Length)), e.Modulus, e.Seed)
+		// nft leaves out a `meta nfproto` that a match or lookup on an
+		// address implies, not one a hash of it does.
+		if d.ctxStmt >= 0 {
+			d.stmts[d.ctxStmt].implied = false
+		}
+	}
+	if e.Offset != 0 {
+		text += fmt.Sprintf(" offset %d", e.Offset)
+	}
+	d.set(e.DestRegister, &regValue{text: text, dt: dtInteger, size: 4})
 }
 
 var metaKeys = map[expr.MetaKey]struct {

@@ -13,7 +13,8 @@ import (
 // chainBody is the content of one per-portal chain, in a form that can be
 // compared with what was applied before. Its rules, in order:
 // shortCircuit (traffic from pods and the node goes there instead); DNAT
-// to one of endpoints, with ClientIP affinity when affinity > 0; drop when
+// to one of endpoints, with ClientIP affinity when affinity > 0, by
+// Maglev consistent hashing when maglev (maglev.go); drop when
 // dropIfEmpty and there are no endpoints.
 type chainBody struct {
 	family       portal.Family
@@ -21,6 +22,10 @@ type chainBody struct {
 	endpoints    []netip.AddrPort
 	affinity     uint32 // seconds
 	dropIfEmpty  bool
+	// maglev: the pick hashes the 5-tuple into a Maglev table. Never set
+	// with affinity, whose chains remember a client's endpoint and pick
+	// a new client's at random.
+	maglev bool
 }
 
 // usesEndpointMap: the chain picks its endpoints from the family's
@@ -35,11 +40,13 @@ func (b chainBody) equal(o chainBody) bool {
 	return b.sameRules(o) && slices.Equal(b.endpoints, o.endpoints)
 }
 
-// sameRules: everything but the endpoints' values is the same.
+// sameRules: everything but the endpoints' values is the same: the
+// endpoint maps' elements are all that differ. A Maglev chain keeps its
+// rules while the size of its table stays (and it has endpoints).
 func (b chainBody) sameRules(o chainBody) bool {
 	return b.family == o.family && b.shortCircuit == o.shortCircuit &&
-		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty &&
-		len(b.endpoints) == len(o.endpoints)
+		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev &&
+		(len(b.endpoints) == 0) == (len(o.endpoints) == 0) && b.tableSize() == o.tableSize()
 }
 
 // affinityObjects names, for each endpoint of a chain with ClientIP
@@ -120,13 +127,16 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 	f := k.Family
 	svcChain := portalChain(kindService, k)
 	aff := p.Affinity.TimeoutSeconds
+	// With affinity, a client's endpoint is remembered per node and a new
+	// client's picked at random: Maglev does not apply.
+	mg := p.Balancing == portal.BalancingMaglev && aff == 0
 
 	internal := p.ClusterEndpoints
 	if p.InternalLocal {
 		internal = p.LocalEndpoints
 	}
 	if len(internal) > 0 {
-		o.chains[svcChain] = chainBody{family: f, endpoints: internal, affinity: aff}
+		o.chains[svcChain] = chainBody{family: f, endpoints: internal, affinity: aff, maglev: mg}
 	}
 	for _, ip := range p.ClusterIPs {
 		key := vipKey(ip, k.Protocol, p.Port)
@@ -148,12 +158,12 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 		allChain := svcChain
 		if p.InternalLocal && hasEps {
 			allChain = portalChain(kindAll, k)
-			o.chains[allChain] = chainBody{family: f, endpoints: p.ClusterEndpoints, affinity: aff}
+			o.chains[allChain] = chainBody{family: f, endpoints: p.ClusterEndpoints, affinity: aff, maglev: mg}
 		}
 		target, mark := allChain, true
 		if p.ExternalLocal && hasEps {
 			target, mark = portalChain(kindExternal, k), false
-			o.chains[target] = chainBody{family: f, shortCircuit: allChain, endpoints: p.LocalEndpoints, affinity: aff, dropIfEmpty: true}
+			o.chains[target] = chainBody{family: f, shortCircuit: allChain, endpoints: p.LocalEndpoints, affinity: aff, dropIfEmpty: true, maglev: mg}
 		}
 		// The firewall element of a way in follows its dispatch element:
 		// both are owned by the portal, or neither (see firewallGuard).

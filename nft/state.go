@@ -27,7 +27,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop5"
+const layoutVersion = "onehop6"
 
 // ruleTag is the user data of a chain's rules: the layout, the chain's id
 // and a hash (FNV-1a, 64 bits) of what its rules are made from.
@@ -65,11 +65,25 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 	buf = append(buf, " shortCircuit:"...)
 	buf = append(buf, body.shortCircuit...)
 	buf = append(buf, " endpoints:["...)
-	for i, ep := range body.endpoints {
-		if i > 0 {
-			buf = append(buf, ' ')
+	switch {
+	case body.maglev && len(body.endpoints) > 0:
+		// Its rule holds the table's size, not the endpoints: they are
+		// the endpoint maps' elements, which a full sync compares on
+		// their own. An endpoint replaced by an element update leaves
+		// the rule and its tag as they are, and a restart rewrites none.
+		buf = append(buf, "maglev table of "...)
+		buf = strconv.AppendInt(buf, int64(body.tableSize()), 10)
+	case body.usesEndpointMap():
+		// The same for numgen: the rule holds the number of endpoints.
+		buf = append(buf, "map of "...)
+		buf = strconv.AppendInt(buf, int64(len(body.endpoints)), 10)
+	default:
+		for i, ep := range body.endpoints {
+			if i > 0 {
+				buf = append(buf, ' ')
+			}
+			buf = ep.AppendTo(buf)
 		}
-		buf = ep.AppendTo(buf)
 	}
 	buf = append(buf, "] affinity:"...)
 	buf = strconv.AppendUint(buf, uint64(body.affinity), 10)
@@ -77,10 +91,10 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 	buf = strconv.AppendBool(buf, body.dropIfEmpty)
 	buf = append(buf, "}|"...)
 	buf = append(buf, b.cfgKey()...)
-	if len(body.endpoints) == 1 && body.usesEndpointMap() {
-		// Its rule once held the endpoint itself: a kernel with that rule
-		// must not pass for this one.
-		buf = append(buf, "|map"...)
+	if body.maglev {
+		// Another rule (maglevRule) from the same fields: a chain
+		// switched between random and maglev is rewritten on restart.
+		buf = append(buf, "|maglev"...)
 	}
 	return ruleTag(id, buf)
 }
@@ -177,67 +191,6 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 	return k, nil
 }
 
-// readRuleTags dumps every rule of the table in one request and keeps, per
-// chain, the number of rules and the first one's tag (nftables' GetRules
-// asks per chain: one round trip per Service port).
-func (b *Backend) readRuleTags(k *kernelState) error {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: max(b.netnsFD, 0)})
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer c.Close()
-	if err := bigBuffers(c); err != nil {
-		return err
-	}
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(b.table.Name + "\x00")}})
-	if err != nil {
-		return err
-	}
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: append([]byte{byte(b.table.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		return fmt.Errorf("list rules: %w", err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return err
-		}
-		ad.ByteOrder = binary.BigEndian
-		var table, chain string
-		var tag []byte
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_RULE_TABLE:
-				table = ad.String()
-			case unix.NFTA_RULE_CHAIN:
-				chain = ad.String()
-			case unix.NFTA_RULE_USERDATA:
-				tag = bytes.Clone(ad.Bytes())
-			}
-		}
-		if err := ad.Err(); err != nil {
-			return fmt.Errorf("list rules: %w", err)
-		}
-		if table != b.table.Name {
-			continue
-		}
-		if k.rules[chain] == 0 {
-			k.tags[chain] = tag
-		}
-		k.rules[chain]++
-	}
-	return nil
-}
-
 // elemEqual reports whether a wanted element (want) and one read back from
 // the kernel (have) map the same key to the same value, with the same
 // comment (the way in and portal dump-rules reports: two Services' ways in
@@ -259,21 +212,20 @@ func elemEqual(want, have nftables.SetElement) bool {
 
 // decodeVerdict decodes the verdict attributes of a map element's data.
 func decodeVerdict(b []byte) *expr.Verdict {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil
-	}
-	ad.ByteOrder = binary.BigEndian
 	v := &expr.Verdict{}
-	for ad.Next() {
-		switch ad.Type() {
+	err := walkAttrs(b, func(typ uint16, d []byte) error {
+		switch typ {
 		case unix.NFTA_VERDICT_CODE:
-			v.Kind = expr.VerdictKind(int32(ad.Uint32()))
+			if len(d) < 4 {
+				return errBadAttribute
+			}
+			v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(d)))
 		case unix.NFTA_VERDICT_CHAIN:
-			v.Chain = ad.String()
+			v.Chain = string(bytes.TrimRight(d, "\x00"))
 		}
-	}
-	if ad.Err() != nil {
+		return nil
+	})
+	if err != nil {
 		return nil
 	}
 	return v
@@ -344,105 +296,83 @@ func (d *elemDumper) dump(set string) ([]nftables.SetElement, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dump set %s: %w", set, err)
 		}
-		msgs, err := syscallMessages(buf[:n])
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range msgs {
-			switch m.Header.Type {
-			case netlink.Done:
-				return out, nil
-			case netlink.Error:
-				if len(m.Data) >= 4 {
-					if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {
-						return nil, fmt.Errorf("dump set %s: %w", set, unix.Errno(-code))
+		// The elements keep their keys and values in one copy of the
+		// datagram instead of a copy each.
+		done := false
+		var errno error
+		err = walkMessages(bytes.Clone(buf[:n]), func(typ uint16, data []byte) error {
+			switch typ {
+			case uint16(netlink.Done):
+				done = true
+				return nil
+			case uint16(netlink.Error):
+				done = true
+				if len(data) >= 4 {
+					if code := int32(binary.NativeEndian.Uint32(data)); code != 0 {
+						errno = unix.Errno(-code)
 					}
 				}
-				return out, nil
+				return nil
 			}
-			if len(m.Data) < 4 {
-				continue
+			if done || len(data) < 4 {
+				return nil
 			}
-			els, err := decodeElements(m.Data[4:])
-			if err != nil {
-				return nil, fmt.Errorf("dump set %s: %w", set, err)
-			}
-			out = append(out, els...)
+			var err error
+			out, err = decodeElements(out, data[4:])
+			return err
+		})
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("dump set %s: %w", set, err)
+		case errno != nil:
+			return nil, fmt.Errorf("dump set %s: %w", set, errno)
+		case done:
+			return out, nil
 		}
 	}
 }
 
-// syscallMessages splits a datagram into netlink messages.
-func syscallMessages(b []byte) ([]netlink.Message, error) {
-	var out []netlink.Message
-	for len(b) >= 16 {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < 16 || l > len(b) {
-			return nil, fmt.Errorf("netlink: bad message length %d", l)
-		}
-		var m netlink.Message
-		if err := m.UnmarshalBinary(b[:l]); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-		b = b[(l+3)&^3:]
-	}
-	return out, nil
-}
-
-// decodeElements reads the elements of one NFT_MSG_NEWSETELEM message:
-// key, data and verdict (as raw verdict attributes in Val, as the library
-// returns them).
-func decodeElements(b []byte) ([]nftables.SetElement, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
-	}
-	ad.ByteOrder = binary.BigEndian
-	var out []nftables.SetElement
-	for ad.Next() {
-		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-			continue
-		}
-		ad.Nested(func(list *netlink.AttributeDecoder) error {
-			for list.Next() {
-				list.Nested(func(el *netlink.AttributeDecoder) error {
-					var e nftables.SetElement
-					for el.Next() {
-						switch el.Type() {
-						case unix.NFTA_SET_ELEM_FLAGS:
-							e.IntervalEnd = el.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
-						case unix.NFTA_SET_ELEM_KEY:
-							el.Nested(func(d *netlink.AttributeDecoder) error {
-								for d.Next() {
-									if d.Type() == unix.NFTA_DATA_VALUE {
-										e.Key = bytes.Clone(d.Bytes())
-									}
-								}
-								return nil
-							})
-						case unix.NFTA_SET_ELEM_USERDATA:
-							e.Comment, _ = userdata.GetString(el.Bytes(), userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
-						case unix.NFTA_SET_ELEM_DATA:
-							el.Nested(func(d *netlink.AttributeDecoder) error {
-								for d.Next() {
-									switch d.Type() {
-									case unix.NFTA_DATA_VALUE:
-										e.Val = bytes.Clone(d.Bytes())
-									case unix.NFTA_DATA_VERDICT:
-										e.VerdictData = decodeVerdict(d.Bytes())
-									}
-								}
-								return nil
-							})
-						}
-					}
-					out = append(out, e)
-					return nil
-				})
+// decodeElements appends the elements of one NFT_MSG_NEWSETELEM message
+// to out: key, data and verdict (as raw verdict attributes in Val, as the
+// library returns them). Keys and values point into b.
+func decodeElements(out []nftables.SetElement, b []byte) ([]nftables.SetElement, error) {
+	value := func(b []byte, dst *[]byte, verdict **expr.Verdict) error {
+		return walkAttrs(b, func(typ uint16, d []byte) error {
+			switch {
+			case typ == unix.NFTA_DATA_VALUE:
+				*dst = d
+			case typ == unix.NFTA_DATA_VERDICT && verdict != nil:
+				*verdict = decodeVerdict(d)
 			}
 			return nil
 		})
 	}
-	return out, ad.Err()
+	element := func(b []byte) error {
+		var e nftables.SetElement
+		err := walkAttrs(b, func(typ uint16, d []byte) error {
+			switch typ {
+			case unix.NFTA_SET_ELEM_FLAGS:
+				if len(d) < 4 {
+					return errBadAttribute
+				}
+				e.IntervalEnd = binary.BigEndian.Uint32(d)&unix.NFT_SET_ELEM_INTERVAL_END != 0
+			case unix.NFTA_SET_ELEM_KEY:
+				return value(d, &e.Key, nil)
+			case unix.NFTA_SET_ELEM_USERDATA:
+				e.Comment, _ = userdata.GetString(d, userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
+			case unix.NFTA_SET_ELEM_DATA:
+				return value(d, &e.Val, &e.VerdictData)
+			}
+			return nil
+		})
+		out = append(out, e)
+		return err
+	}
+	err := walkAttrs(b, func(typ uint16, d []byte) error {
+		if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			return nil
+		}
+		return walkAttrs(d, func(_ uint16, el []byte) error { return element(el) })
+	})
+	return out, err
 }

@@ -22,7 +22,7 @@ func TestBodyTagIsPinned(t *testing.T) {
 	b := New(dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, MasqueradeBit: 14})
 	body := chainBody{family: portal.IPv4, shortCircuit: "svc4/ns/web/tcp/http", affinity: 10800,
 		endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080"), netip.MustParseAddrPort("10.244.2.3:8080")}}
-	const want = "onehop5 7 a40d1171e6166e7d"
+	const want = "onehop6 7 a40d1171e6166e7d"
 	if got := string(b.bodyTag(7, body)); got != want {
 		t.Errorf("bodyTag = %q, want %q", got, want)
 	}
@@ -45,7 +45,13 @@ func TestRestartedProcessRewritesNothing(t *testing.T) {
 		}
 		defer f.Close()
 		be := New(restartConfig(), WithNetNS(int(f.Fd())))
-		if _, err := be.Sync(context.Background(), bigSnapshot(50, 3), true); err != nil {
+		snap := bigSnapshot(50, 3)
+		if _, err := be.Sync(context.Background(), snap, true); err != nil {
+			t.Fatal(err)
+		}
+		// Then endpoints move, as pods are replaced: element updates,
+		// which leave the rules as they are.
+		if _, err := be.Sync(context.Background(), restartMoved(snap), false); err != nil {
 			t.Fatal(err)
 		}
 		return
@@ -58,13 +64,25 @@ func TestRestartedProcessRewritesNothing(t *testing.T) {
 	}
 	be := New(restartConfig(), WithNetNS(ns.FD()))
 	t.Cleanup(func() { _ = be.Cleanup(context.Background()) })
-	st, err := be.Sync(context.Background(), bigSnapshot(50, 3), true)
+	snap := restartMoved(bigSnapshot(50, 3))
+	snap.Dirty = nil
+	st, err := be.Sync(context.Background(), snap, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !st.ReadBack || st.Messages != 0 {
 		t.Errorf("the restarted process read the table back: %v, and sent %d messages; want it read and nothing sent", st.ReadBack, st.Messages)
 	}
+}
+
+// restartMoved replaces the endpoints of two Services of snap, one with
+// three endpoints and one with a single endpoint, and marks them dirty.
+func restartMoved(snap *portal.Snapshot) *portal.Snapshot {
+	for _, m := range []*portal.Service{makeBigService(7, 3, 1), makeBigService(8, 1, 5)} {
+		snap.Services[m.Key] = m
+		snap.Dirty = append(snap.Dirty, m.Key)
+	}
+	return snap
 }
 
 func restartConfig() dataplane.Config {

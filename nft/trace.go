@@ -17,8 +17,9 @@ import (
 // TraceMethod is how Trace finds its answer.
 const TraceMethod = "evaluated from the kernel's ruleset (table inet onehop, read back now)"
 
-// traceSourcePort is the client's port when the query gives none: no rule
-// of the table reads the source port, so any one gives the same answer.
+// traceSourcePort is the client's port when the query gives none: only
+// the pick of a Maglev chain reads the source port, and the trace says so
+// when it meets one.
 const traceSourcePort = 40000
 
 // Trace implements dataplane.Tracer: it reads the table back from the

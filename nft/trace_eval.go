@@ -22,7 +22,10 @@ import (
 // nft_do_chain would: registers of 4-byte slots, loads from a packet built
 // for the 5-tuple, compares, set and map lookups (interval sets included),
 // verdict maps, jump, goto and return, NAT. Where numgen picks a number,
-// every number is followed, each path weighing 1/modulus. An expression it
+// every number is followed, each path weighing 1/modulus. A jhash (the
+// pick of a Maglev chain) is computed as the kernel computes it, from the
+// packet's 5-tuple: its source port included, so the trace says that
+// another source port may go elsewhere. An expression it
 // cannot evaluate stops the trace with an error naming it: the answer is
 // exact or there is none.
 
@@ -392,6 +395,8 @@ func (r *pathRun) expr(chain string, e expr.Any) (ruleResult, string) {
 		r.mods = append(r.mods, int(e.Modulus))
 		r.store(e.Register, binaryutil.NativeEndian.PutUint32(uint32(n)+e.Offset))
 		return ruleNext, fmt.Sprintf("numgen picked %d of %d", n, e.Modulus)
+	case *expr.Hash:
+		return r.hash(e)
 	case *expr.Bitwise:
 		src := r.reg(e.SourceRegister, int(e.Len))
 		if len(e.Mask) != int(e.Len) || len(e.Xor) != int(e.Len) {
@@ -574,4 +579,21 @@ func (r *pathRun) nat(e *expr.NAT) (ruleResult, string) {
 		return ruleResult{kind: expr.VerdictAccept}, "source is now " + a.String()
 	}
 	return r.fail("NAT type %d is not evaluated", e.Type), ""
+}
+
+// hash evaluates a jhash as the kernel does (kernelJhash); a symhash is
+// not evaluated.
+func (r *pathRun) hash(e *expr.Hash) (ruleResult, string) {
+	if e.Type != expr.HashTypeJenkins || e.Modulus == 0 {
+		return r.fail("hash of type %d mod %d is not evaluated", e.Type, e.Modulus), ""
+	}
+	if e.Seed == 0 {
+		return r.fail("jhash without a seed: the kernel drew one at random, which it does not show"), ""
+	}
+	in := r.reg(e.SourceRegister, int(e.Length))
+	v := kernelJhash(in, e.Seed, e.Modulus, e.Offset)
+	r.store(e.DestRegister, binaryutil.NativeEndian.PutUint32(v))
+	r.check("Maglev: the endpoint is picked by a hash of the connection's addresses, ports and protocol, the same on every node; from source port %d it is slot %d of %d, and another source port may reach another endpoint",
+		binary.BigEndian.Uint16(r.pkt.th[0:]), v-e.Offset, e.Modulus)
+	return ruleNext, fmt.Sprintf("jhash picked slot %d of %d", v-e.Offset, e.Modulus)
 }

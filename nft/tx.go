@@ -109,6 +109,37 @@ func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
 	}
 }
 
+// presize gives a full sync's maps and element lists their size up front.
+// A table of 10k Services x 10 endpoints has 100k endpoint elements and
+// about 40k addresses and ports: grown by doubling, their lists and maps
+// were copied and collected again and again, about a fifth of the sync's
+// allocations.
+func (t *tx) presize(snap *portal.Snapshot) {
+	n := len(snap.Services)
+	t.services = make(map[portal.ServiceKey]*appliedService, n)
+	t.bodies = make(map[string]chainBody, n)
+	t.owners = make(map[string]*portal.PortKey, 4*n)
+	var eps [2]int // endpoints per family
+	for _, svc := range snap.Services {
+		for _, p := range svc.Portals {
+			i := 0
+			if p.Key.Family == portal.IPv6 {
+				i = 1
+			}
+			eps[i] += len(p.ClusterEndpoints)
+		}
+	}
+	for i, f := range []portal.Family{portal.IPv4, portal.IPv6} {
+		if eps[i] == 0 {
+			continue
+		}
+		per := eps[i]/endpointShards + eps[i]/endpointShards/4 + 8 // ids spread unevenly
+		for shard := range uint32(endpointShards) {
+			t.addElems[setEndpoints(f, shard)] = make([]nftables.SetElement, 0, per)
+		}
+	}
+}
+
 func (t *tx) oldService(k portal.ServiceKey) *appliedService {
 	if t.full {
 		return nil
@@ -231,9 +262,12 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			changed = true
 		}
 	}
-	newByID := make(map[string]elem, len(n.elems))
-	for _, e := range n.elems {
-		newByID[e.id()] = e
+	var newByID map[string]elem
+	if len(o.elems) > 0 {
+		newByID = make(map[string]elem, len(n.elems))
+		for _, e := range n.elems {
+			newByID[e.id()] = e
+		}
 	}
 	for _, e := range o.elems {
 		if ne, ok := newByID[e.id()]; ok && ne.chain == e.chain {
@@ -245,12 +279,17 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			changed = true
 		}
 	}
-	oldByID := make(map[string]elem, len(o.elems))
-	for _, e := range o.elems {
-		oldByID[e.id()] = e
+	var oldByID map[string]elem
+	if len(o.elems) > 0 {
+		oldByID = make(map[string]elem, len(o.elems))
+		for _, e := range o.elems {
+			oldByID[e.id()] = e
+		}
 	}
+	owner := &pk // one for all the elements this portal takes
 	for _, e := range n.elems {
-		oe, had := oldByID[e.id()]
+		id := e.id()
+		oe, had := oldByID[id]
 		if had && oe.chain == e.chain {
 			continue
 		}
@@ -261,8 +300,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			continue
 		}
 		t.addElems[e.set] = append(t.addElems[e.set], t.element(e, true))
-		key := pk
-		t.owners[e.id()] = &key
+		t.owners[id] = owner
 		changed = true
 	}
 	for _, e := range o.shared {
@@ -497,13 +535,18 @@ func (t *tx) chainRules(name string, body chainBody) {
 			rules = append(rules, t.affinityRules(name, body)...)
 			return
 		}
-		// dnat to id . numgen random mod N map @endpoints<f>-<shard>
-		add([]expr.Any{counter(),
-			&expr.Immediate{Register: reg1, Data: epKeyID(id)},
-			&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
-			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
-			dnatFrom(f, reg1)})
-		for i, ep := range body.endpoints {
+		if body.maglev {
+			// dnat to id . jhash <5-tuple> mod <size> map @endpoints<f>-<shard>
+			add(maglevRule(f, id, body.tableSize()))
+		} else {
+			// dnat to id . numgen random mod N map @endpoints<f>-<shard>
+			add([]expr.Any{counter(),
+				&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+				&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
+				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
+				dnatFrom(f, reg1)})
+		}
+		for i, ep := range body.slots() {
 			t.addEndpoint(f, id, i, ep)
 		}
 	}
@@ -643,17 +686,20 @@ func (t *tx) dropEndpoints(name string, old, next chainBody) {
 		return // no endpoint-map elements
 	}
 	id := t.b.chainID(name)
-	for i := range old.endpoints {
+	for i := range old.slots() {
 		t.delEndpoint(old.family, id, i)
 	}
 }
 
 // updateEndpoints replaces the endpoint-map elements that differ: the
-// most common change (a pod replaced) touches no rule.
+// most common change (a pod replaced) touches no rule. For a Maglev chain
+// these are the slots whose endpoint changed, about 1/N of them when one
+// of N endpoints comes or goes.
 func (t *tx) updateEndpoints(name string, old, body chainBody) {
 	id := t.b.chainID(name)
-	for i, ep := range body.endpoints {
-		if old.endpoints[i] == ep {
+	was := old.slots()
+	for i, ep := range body.slots() {
+		if was[i] == ep {
 			continue
 		}
 		t.delEndpoint(body.family, id, i)
@@ -864,6 +910,10 @@ func (t *tx) adopt() {
 		b.reset()
 		// Chain ids were allocated afresh while building this transaction.
 		b.ids, b.freeIDs, b.nextID = ids, free, next
+		// Nothing was applied before: the maps are taken as they are, or
+		// sized, instead of grown entry by entry.
+		b.services = make(map[portal.ServiceKey]*appliedService, len(t.services))
+		b.owners = make(map[string]portal.PortKey, len(t.owners))
 	}
 	b.synced = true
 	for k, s := range t.services {

@@ -47,6 +47,7 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 		b.problem(ReasonInvalidScheduler, "annotation %s: unknown IPVS scheduler %q (want one of %v); using the default", AnnotationScheduler, sched, ipvsSchedulers)
 		sched = ""
 	}
+	bal := b.balancing()
 	vips := b.clusterIPs()
 	ext := b.externalIPs()
 	lbs := b.ingressIPs()
@@ -124,6 +125,7 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 				ExternalLocal:   svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal && (nodePort != 0 || len(ext[f]) > 0 || len(lbs[f]) > 0),
 				InternalLocal:   svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
 				Scheduler:       sched,
+				Balancing:       bal,
 			}
 			if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 				p.SourceRanges = ranges[f]

@@ -22,6 +22,9 @@ type Config struct {
 	// Limits bound one Service's contribution to the ruleset; zero fields
 	// take DefaultLimits.
 	Limits Limits
+	// Balancing is the default of Services without the
+	// onehop.io/balancing annotation.
+	Balancing Balancing
 }
 
 // The labels and annotations the model reads.

@@ -118,6 +118,10 @@ type Portal struct {
 	// Scheduler is the IPVS scheduler asked for with the onehop.io/scheduler
 	// annotation ("" for the agent's default); the nft backend ignores it.
 	Scheduler string
+	// Balancing is how the nft backend picks an endpoint: at random, or
+	// by Maglev consistent hashing (the onehop.io/balancing annotation, or
+	// the cluster-wide default).
+	Balancing Balancing
 
 	// ClusterEndpoints serve traffic under the Cluster policy: ready
 	// endpoints, or serving terminating ones when none is ready, after
@@ -148,7 +152,7 @@ func (p *Portal) Equal(q *Portal) bool {
 	}
 	return p.Key == q.Key && p.Port == q.Port && p.NodePort == q.NodePort &&
 		p.ExternalLocal == q.ExternalLocal && p.InternalLocal == q.InternalLocal &&
-		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady && p.Scheduler == q.Scheduler &&
+		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady && p.Scheduler == q.Scheduler && p.Balancing == q.Balancing &&
 		slices.Equal(p.ClusterIPs, q.ClusterIPs) &&
 		slices.Equal(p.ExternalIPs, q.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, q.LoadBalancerIPs) &&
