@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -38,6 +39,10 @@ type allocator struct {
 	// waiting are Services refused for want of addresses or because their
 	// requested address is taken; a release retries them.
 	waiting map[portal.ServiceKey]bool
+	// outside are the addresses outside every pool each Service was told
+	// it keeps (ipam.Allocator.Outside), so that it is told once, not at
+	// every resync or pool change.
+	outside map[portal.ServiceKey]string
 }
 
 func newAllocator(cfg *parsed, client kubernetes.Interface, services corelisters.ServiceLister, rec record.EventRecorder, log *slog.Logger) (*allocator, error) {
@@ -51,7 +56,16 @@ func newAllocator(cfg *parsed, client kubernetes.Interface, services corelisters
 			workqueue.NewTypedItemExponentialFailureRateLimiter[portal.ServiceKey](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[portal.ServiceKey]{Name: "onehop-ipam"}),
 		waiting: map[portal.ServiceKey]bool{},
+		outside: map[portal.ServiceKey]string{},
 	}, nil
+}
+
+// inherit takes over what prev, the allocator of the previous pools in
+// this leadership term (nil: none), told Services.
+func (a *allocator) inherit(prev *allocator) {
+	if a != nil && prev != nil {
+		a.outside = prev.outside
+	}
 }
 
 // rebuild records every IP that managed Services hold in their status,
@@ -154,6 +168,7 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	svc, err := a.services.Services(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
 		delete(a.waiting, key)
+		delete(a.outside, key)
 		a.release(key)
 		return nil
 	}
@@ -161,12 +176,17 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 		return err
 	}
 	if !a.cfg.managed(svc) {
+		owned := a.ownsStatus(svc)
 		delete(a.waiting, key)
+		delete(a.outside, key)
 		a.release(key)
-		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer && svc.DeletionTimestamp == nil && a.ownsStatus(svc) {
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer && svc.DeletionTimestamp == nil && owned {
 			return a.writeStatus(ctx, svc, nil)
 		}
 		return nil
+	}
+	for _, msg := range overriddenAliases(svc) {
+		a.rec.Event(svc, corev1.EventTypeWarning, "AnnotationIgnored", msg) // the recorder folds repeats
 	}
 	req, err := requestFor(svc)
 	if err != nil {
@@ -184,6 +204,7 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 		return nil
 	}
 	delete(a.waiting, key)
+	a.tellOutside(svc)
 	if slices.Equal(sortedAddrs(statusIPs(svc)), ips) {
 		return nil
 	}
@@ -195,8 +216,32 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	return nil
 }
 
-// ownsStatus: the Service's status holds addresses from onehop's pools.
+// tellOutside puts a Warning event on svc when it keeps addresses that no
+// pool holds any more (a pool shrank or went away), once for each set of
+// such addresses.
+func (a *allocator) tellOutside(svc *corev1.Service) {
+	key := keyOf(svc)
+	out := a.alloc.Outside(key)
+	if len(out) == 0 {
+		delete(a.outside, key)
+		return
+	}
+	s := fmt.Sprint(out)
+	if a.outside[key] == s {
+		return
+	}
+	a.outside[key] = s
+	a.rec.Eventf(svc, corev1.EventTypeWarning, string(ipam.ReasonOutsidePools),
+		"load-balancer IPs %v are outside every address pool now; this Service keeps them, and they are handed to no one else while it holds them", out)
+	a.log.Info("service keeps load-balancer IPs outside every pool", "service", key, "ips", out)
+}
+
+// ownsStatus: the Service's status holds addresses from onehop's pools, or
+// addresses it keeps outside them.
 func (a *allocator) ownsStatus(svc *corev1.Service) bool {
+	if len(a.alloc.Holds(keyOf(svc))) > 0 {
+		return true
+	}
 	for _, ip := range statusIPs(svc) {
 		if a.alloc.PoolOf(ip) != nil {
 			return true

@@ -30,6 +30,59 @@ const (
 	AnnotationExternalIP = "onehop.io/external-ip"
 )
 
+// metalLBAliases are MetalLB's Service annotations (the current metallb.io
+// spelling first, then the older metallb.universe.tf one) that mean what
+// onehop's own do, so that Services move over from MetalLB unchanged.
+var metalLBAliases = map[string][]string{
+	AnnotationLoadBalancerIPs: {"metallb.io/loadBalancerIPs", "metallb.universe.tf/loadBalancerIPs"},
+	AnnotationAddressPool:     {"metallb.io/address-pool", "metallb.universe.tf/address-pool"},
+	AnnotationAllowSharedIP:   {"metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"},
+}
+
+// annotation is the key and value of onehop's annotation name on svc, or
+// else of the first of its MetalLB aliases that is set.
+func annotation(svc *corev1.Service, name string) (key, value string, ok bool) {
+	for _, k := range append([]string{name}, metalLBAliases[name]...) {
+		if v, set := svc.Annotations[k]; set {
+			return k, v, true
+		}
+	}
+	return "", "", false
+}
+
+// overriddenAliases says, one sentence each and meant for an event, which
+// MetalLB annotations on svc are ignored because they disagree with the
+// one used: onehop's own or, without it, the first alias set.
+func overriddenAliases(svc *corev1.Service) []string {
+	var out []string
+	for _, name := range []string{AnnotationLoadBalancerIPs, AnnotationAddressPool, AnnotationAllowSharedIP} {
+		usedKey, used, ok := annotation(svc, name)
+		if !ok {
+			continue
+		}
+		for _, alias := range metalLBAliases[name] {
+			v, set := svc.Annotations[alias]
+			if !set || alias == usedKey || normalAnnotation(v) == normalAnnotation(used) {
+				continue
+			}
+			out = append(out, fmt.Sprintf("annotation %s=%q is ignored: %s=%q wins", alias, v, usedKey, used))
+		}
+	}
+	return out
+}
+
+// normalAnnotation is an annotation value as it is read: comma-separated
+// items, each trimmed, empty ones dropped.
+func normalAnnotation(v string) string {
+	var items []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			items = append(items, s)
+		}
+	}
+	return strings.Join(items, ",")
+}
+
 // managed reports whether onehop allocates the LoadBalancer IPs of svc.
 func (p *parsed) managed(svc *corev1.Service) bool {
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
@@ -48,10 +101,12 @@ func keyOf(svc *corev1.Service) portal.ServiceKey {
 // requestFor turns a Service into an allocation request; errors name the
 // offending field and are meant for an event.
 func requestFor(svc *corev1.Service) (ipam.Request, error) {
+	_, pool, _ := annotation(svc, AnnotationAddressPool)
+	_, sharingKey, _ := annotation(svc, AnnotationAllowSharedIP)
 	req := ipam.Request{
 		Service:    keyOf(svc),
-		Pool:       strings.TrimSpace(svc.Annotations[AnnotationAddressPool]),
-		SharingKey: strings.TrimSpace(svc.Annotations[AnnotationAllowSharedIP]),
+		Pool:       strings.TrimSpace(pool),
+		SharingKey: strings.TrimSpace(sharingKey),
 		RequireAll: svc.Spec.IPFamilyPolicy != nil && *svc.Spec.IPFamilyPolicy == corev1.IPFamilyPolicyRequireDualStack,
 		Labels:     svc.Labels,
 		Local:      svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
@@ -73,7 +128,7 @@ func requestFor(svc *corev1.Service) (ipam.Request, error) {
 		}
 		req.Ports = append(req.Ports, ipam.Port{Protocol: proto, Port: uint16(sp.Port)})
 	}
-	if v, ok := svc.Annotations[AnnotationLoadBalancerIPs]; ok {
+	if key, v, ok := annotation(svc, AnnotationLoadBalancerIPs); ok {
 		for _, s := range strings.Split(v, ",") {
 			s = strings.TrimSpace(s)
 			if s == "" {
@@ -81,12 +136,12 @@ func requestFor(svc *corev1.Service) (ipam.Request, error) {
 			}
 			a, err := netip.ParseAddr(s)
 			if err != nil {
-				return req, fmt.Errorf("annotation %s: %q is not an IP address", AnnotationLoadBalancerIPs, s)
+				return req, fmt.Errorf("annotation %s: %q is not an IP address", key, s)
 			}
 			req.Requested = append(req.Requested, a.Unmap())
 		}
 		if len(req.Requested) == 0 {
-			return req, fmt.Errorf("annotation %s is empty", AnnotationLoadBalancerIPs)
+			return req, fmt.Errorf("annotation %s is empty", key)
 		}
 	} else if s := strings.TrimSpace(svc.Spec.LoadBalancerIP); s != "" {
 		a, err := netip.ParseAddr(s)

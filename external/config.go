@@ -46,9 +46,30 @@ type Config struct {
 	// node's Pods; without it every agent watches every Pod.
 	PodExternalIPs bool `json:"podExternalIPs,omitempty"`
 
-	BGP     *bgp.Config     `json:"bgp,omitempty"`
-	L2      *l2.Config      `json:"l2,omitempty"`
+	// CRDs adds the onehop.io custom resources (LoadBalancerIPPool,
+	// BGPPeer, BGPAdvertisement, L2Advertisement, LoadBalancerWebhook;
+	// package external/api/v1alpha1) to this section and follows their
+	// changes without a restart. The CRDs must be installed (deploy/ does)
+	// and the hook given a dynamic client (WithDynamicClient). This section
+	// is then the bootstrap configuration the resources add to.
+	CRDs bool `json:"crds,omitempty"`
+
+	BGP *bgp.Config `json:"bgp,omitempty"`
+	L2  *l2.Config  `json:"l2,omitempty"`
+	// Webhook applies while no LoadBalancerWebhook is accepted (CRDs): an
+	// accepted one replaces it.
 	Webhook *webhook.Config `json:"webhook,omitempty"`
+
+	// What the custom resources add that the file cannot say (crdnode.go):
+	// the advertisements, an error of this node's BGP settings (a router
+	// ID annotation that is missing, say), which makes BGP fail to start,
+	// and the L2 interfaces picked by pattern.
+	ads        *adRules
+	bgpErr     error
+	l2Patterns []string
+	// webhookPools, when not nil, are the only pools whose addresses the
+	// webhook is told about (a LoadBalancerWebhook's pool selection).
+	webhookPools map[string]bool
 }
 
 // PoolConfig is one address pool.
@@ -148,22 +169,7 @@ func (c Config) parse() (*parsed, error) {
 		return nil, fmt.Errorf("leaderLease: duration %v is too short to elect a leader", p.LeaderLease.Duration)
 	}
 	for _, pc := range c.Pools {
-		o := ipam.PoolOptions{
-			AutoAssign: pc.AutoAssign == nil || *pc.AutoAssign, AllowPods: pc.AllowPods,
-			Namespaces: pc.Namespaces, Priority: math.MaxInt,
-			ShareAcrossNamespaces: pc.ShareAcrossNamespaces, KeepNetworkAndBroadcast: pc.KeepNetworkAndBroadcast,
-		}
-		if pc.Priority != nil {
-			o.Priority = *pc.Priority
-		}
-		for i := range pc.ServiceSelectors {
-			sel, err := metav1.LabelSelectorAsSelector(&pc.ServiceSelectors[i])
-			if err != nil {
-				return nil, fmt.Errorf("pool %q: serviceSelectors[%d]: %w", pc.Name, i, err)
-			}
-			o.Selectors = append(o.Selectors, sel)
-		}
-		pool, err := ipam.NewPool(pc.Name, pc.Addresses, o)
+		pool, err := pc.pool()
 		if err != nil {
 			return nil, err
 		}
@@ -180,6 +186,26 @@ func (c Config) parse() (*parsed, error) {
 		p.extCIDR = append(p.extCIDR, pre.Masked())
 	}
 	return p, nil
+}
+
+// pool is pc checked and turned into an ipam.Pool.
+func (pc PoolConfig) pool() (ipam.Pool, error) {
+	o := ipam.PoolOptions{
+		AutoAssign: pc.AutoAssign == nil || *pc.AutoAssign, AllowPods: pc.AllowPods,
+		Namespaces: pc.Namespaces, Priority: math.MaxInt,
+		ShareAcrossNamespaces: pc.ShareAcrossNamespaces, KeepNetworkAndBroadcast: pc.KeepNetworkAndBroadcast,
+	}
+	if pc.Priority != nil {
+		o.Priority = *pc.Priority
+	}
+	for i := range pc.ServiceSelectors {
+		sel, err := metav1.LabelSelectorAsSelector(&pc.ServiceSelectors[i])
+		if err != nil {
+			return ipam.Pool{}, fmt.Errorf("pool %q: serviceSelectors[%d]: %w", pc.Name, i, err)
+		}
+		o.Selectors = append(o.Selectors, sel)
+	}
+	return ipam.NewPool(pc.Name, pc.Addresses, o)
 }
 
 // externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs

@@ -18,4 +18,12 @@
 // (Config.SeparateController and NewController, for `agent controller`), so
 // that node agents need no right to write Service status or any Lease but
 // their own (role.go).
+//
+// With Config.CRDs the configuration comes from the onehop.io custom
+// resources as well (package external/api/v1alpha1), followed without a
+// restart: convertCRDs turns them, object by object, into a Config that
+// the controller and every agent compute alike, forNode picks one node's
+// part, reload puts it in force (restarting only the providers whose
+// configuration changed) and the holder of the allocator Lease writes each
+// object's status (crdstatus.go).
 package external

@@ -122,7 +122,7 @@ func (h *Hook) watchSettled() {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", h.node).String()
 		}))
 	h.pods = h.podFactory.Core().V1().Pods().Informer()
-	h.grantFactory = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace),
+	h.grantFactory = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", GrantsConfigMapName).String()
 		}))
@@ -131,7 +131,7 @@ func (h *Hook) watchSettled() {
 
 // currentGrants are the grants a node agent follows now.
 func (h *Hook) currentGrants() []grant {
-	obj, ok, _ := h.grants.GetStore().GetByKey(h.cfg.LeaseNamespace + "/" + GrantsConfigMapName)
+	obj, ok, _ := h.grants.GetStore().GetByKey(h.conf().LeaseNamespace + "/" + GrantsConfigMapName)
 	if !ok {
 		return nil
 	}
@@ -147,7 +147,7 @@ func (h *Hook) currentGrants() []grant {
 // predecessor recorded, so that a Pod holding an address keeps it across
 // a change of controller (on a fresh start the oldest claimant would win).
 func (h *Hook) seedGrants(ctx context.Context) {
-	cm, err := h.client.CoreV1().ConfigMaps(h.cfg.LeaseNamespace).Get(ctx, GrantsConfigMapName, metav1.GetOptions{})
+	cm, err := h.client.CoreV1().ConfigMaps(h.conf().LeaseNamespace).Get(ctx, GrantsConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return
 	}
@@ -190,12 +190,12 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 	if prev != nil && prev.Data[grantsKey] == data {
 		return nil
 	}
-	cms := h.client.CoreV1().ConfigMaps(h.cfg.LeaseNamespace)
+	cms := h.client.CoreV1().ConfigMaps(h.conf().LeaseNamespace)
 	var cm *corev1.ConfigMap
 	var err error
 	if prev == nil {
 		cm, err = cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: GrantsConfigMapName, Namespace: h.cfg.LeaseNamespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
+			ObjectMeta: metav1.ObjectMeta{Name: GrantsConfigMapName, Namespace: h.conf().LeaseNamespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
 			Data:       map[string]string{grantsKey: data},
 		}, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {

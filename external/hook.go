@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/portal"
 )
@@ -30,9 +33,16 @@ const AllocatorLeaseName = "onehop-external"
 // allocator Lease and, when elected, runs the allocator, the webhook sender
 // and the refusal events.
 type Hook struct {
-	cfg    *parsed
+	// cfg is the configuration in force (conf); with the custom resources
+	// (Config.CRDs) it changes as they do (reload.go), else never.
+	cfg    atomic.Pointer[parsed]
 	client kubernetes.Interface
-	role   role
+	// base is the configuration file's section, to which the custom
+	// resources add (crd, with the dynamic client dyn).
+	base Config
+	dyn  dynamic.Interface
+	crd  *crdWatch
+	role role
 	// node is this node's name; empty in the controller.
 	node string
 	log  *slog.Logger
@@ -107,6 +117,24 @@ type Hook struct {
 	// reported are the refusals already given an event in this leadership
 	// term.
 	reported map[string]bool
+	// verdicts are the custom resources' last verdicts (reload), for their
+	// status (crdstatus.go).
+	verdicts []verdict
+	// l2r is the running L2 responder, for the liveness tracker's
+	// re-announcement after an outage.
+	l2r *l2.Responder
+
+	// poolsChanged starts the allocator's term again with the pools now
+	// in force (reload).
+	poolsChanged chan struct{}
+	// statusSent is the status last written to each custom resource
+	// (Run's goroutine only).
+	statusSent map[string]crdStatus
+	// moves follows the BGP next hops of the Local-policy addresses on
+	// the leader (ipmoves.go; Run's goroutine only).
+	moves ipMoves
+	// bgpPeers are this node's BGP sessions for the metrics.
+	bgpPeers bgpPeers
 }
 
 // New builds the hook of node nodeName: its per-node part and, unless
@@ -133,11 +161,11 @@ func (h *Hook) Healthy() error { return h.watchdog.Check(nil) }
 // NewController builds the cluster-wide part of the hook alone, for
 // `agent controller`: identity names this candidate in the allocator Lease
 // (the pod's name). It announces nothing and holds no liveness Lease.
-func NewController(cfg Config, client kubernetes.Interface, identity string, log *slog.Logger) (*Hook, error) {
+func NewController(cfg Config, client kubernetes.Interface, identity string, log *slog.Logger, opts ...Option) (*Hook, error) {
 	if identity == "" {
 		return nil, errors.New("external: controller identity is required")
 	}
-	return newHook(cfg, client, roleController, "", identity, log)
+	return newHook(cfg, client, roleController, "", identity, log, opts...)
 }
 
 func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity string, log *slog.Logger, opts ...Option) (*Hook, error) {
@@ -150,9 +178,10 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 			return nil, err
 		}
 	}
-	h := &Hook{cfg: p, client: client, role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
+	h := &Hook{client: client, base: cfg, poolsChanged: make(chan struct{}, 1), role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
 		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p),
 		watchdog: leaderelection.NewLeaderHealthzAdaptor(p.LeaderLease.Duration.Duration)}
+	h.cfg.Store(p)
 	for _, o := range opts {
 		o(h)
 	}
@@ -164,6 +193,14 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 		h.slices = h.factory.Discovery().V1().EndpointSlices().Informer()
 	}
 	h.nodes = h.factory.Core().V1().Nodes().Informer()
+	if cfg.CRDs {
+		if h.dyn == nil {
+			return nil, errors.New("external: crds is set, but the hook has no dynamic client (WithDynamicClient)")
+		}
+		if err := h.watchCRDs(); err != nil {
+			return nil, err
+		}
+	}
 	if p.PodExternalIPs {
 		if p.settles() && r == roleNode {
 			h.watchSettled()
@@ -187,6 +224,9 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 	h.phealth.node, h.phealth.log, h.phealth.rec = nodeName, log, h.rec
 	return h, nil
 }
+
+// conf is the configuration in force.
+func (h *Hook) conf() *parsed { return h.cfg.Load() }
 
 // AddProvider adds a provider of the caller's (a cloud integration); call
 // before Run. On a node it is told what this node serves; in the

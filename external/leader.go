@@ -2,6 +2,7 @@ package external
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,11 +32,11 @@ func (h *Hook) allocEnqueue(o any) {
 // runs the allocator and lets the webhook send.
 func (h *Hook) lead(ctx context.Context) {
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metaOf(h.cfg.LeaseNamespace, AllocatorLeaseName),
+		LeaseMeta:  metaOf(h.conf().LeaseNamespace, AllocatorLeaseName),
 		Client:     h.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: h.identity},
 	}
-	t := h.cfg.LeaderLease
+	t := h.conf().LeaderLease
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, LeaseDuration: t.Duration.Duration, RenewDeadline: t.RenewDeadline.Duration, RetryPeriod: t.RetryPeriod.Duration,
@@ -66,25 +67,13 @@ func (h *Hook) lead(ctx context.Context) {
 
 func (h *Hook) leading(ctx context.Context) {
 	h.log.Info("external: holding allocator lease", "node", h.node)
-	if h.role == roleController && h.cfg.settles() {
+	if h.role == roleController && h.conf().settles() {
 		h.seedGrants(ctx)
 	}
-	var a *allocator
-	if len(h.cfg.pools) > 0 {
-		var err error
-		a, err = newAllocator(h.cfg, h.client, corelisters.NewServiceLister(h.services.GetIndexer()), h.rec, h.log.With("component", "ipam"))
-		if err == nil {
-			h.resolve() // the registry knows every address before the first allocation
-			a.alloc.Reserved = h.reserved
-		}
-		if err != nil {
-			h.log.Error("external: allocator", "err", err)
-			return
-		}
-		if err := a.rebuild(); err != nil {
-			h.log.Error("external: rebuild allocation state", "err", err)
-			return
-		}
+	a, err := h.newTermAllocator()
+	if err != nil {
+		h.log.Error("external: allocator", "err", err)
+		return
 	}
 	h.mu.Lock()
 	n := h.notifier
@@ -98,14 +87,67 @@ func (h *Hook) leading(ctx context.Context) {
 	// startWebhook) leads from now.
 	late := h.notifier
 	h.mu.Unlock()
-	if n == nil && late != nil {
+	if late != nil && late != n {
 		h.leadWebhook(ctx, late)
 	}
 	h.poke()
-	if a != nil {
-		a.run(ctx)
-	} else {
-		<-ctx.Done()
+	h.runAllocator(ctx, a)
+}
+
+// newTermAllocator builds the allocator of the pools in force, its state
+// rebuilt from the Services' status (nil without pools).
+func (h *Hook) newTermAllocator() (*allocator, error) {
+	cfg := h.conf()
+	if len(cfg.pools) == 0 {
+		return nil, nil
+	}
+	a, err := newAllocator(cfg, h.client, corelisters.NewServiceLister(h.services.GetIndexer()), h.rec, h.log.With("component", "ipam"))
+	if err != nil {
+		return nil, err
+	}
+	h.resolve() // the registry knows every address before the first allocation
+	a.alloc.Reserved = h.reserved
+	if err := a.rebuild(); err != nil {
+		return nil, fmt.Errorf("rebuild allocation state: %w", err)
+	}
+	return a, nil
+}
+
+// runAllocator runs a (nil: none) until ctx ends. When the pools change
+// (reload) it stops a and runs a new allocator of the pools now in force,
+// rebuilt from the Services' status as a new leader's is: a Service keeps
+// its address while a pool that serves it holds it.
+func (h *Hook) runAllocator(ctx context.Context, a *allocator) {
+	for {
+		actx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if a != nil {
+				a.run(actx)
+			} else {
+				<-actx.Done()
+			}
+		}()
+		select {
+		case <-ctx.Done():
+		case <-h.poolsChanged:
+		}
+		cancel()
+		<-done
+		if ctx.Err() != nil {
+			return
+		}
+		next, err := h.newTermAllocator()
+		if err != nil {
+			h.log.Error("external: allocator of the new pools; allocating nothing until they change again", "err", err)
+		}
+		next.inherit(a)
+		h.mu.Lock()
+		h.alloc, a = next, next
+		h.mu.Unlock()
+		h.log.Info("external: allocator restarted with the pools in force", "pools", len(h.conf().pools))
+		h.poke()
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // seconds and which no node needs) and renews this node's own until ctx ends (a goroutine of wg).
 // The returned stop shuts the Lease informer down.
 func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
-	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.cfg.LeaseNamespace),
+	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = managedByOnehop }))
 	li := h.leaseInf.Coordination().V1().Leases().Informer()
 	h.liveness.mu.Lock()

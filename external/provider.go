@@ -39,6 +39,8 @@ type State struct {
 	programmed map[served]programmed
 	podIPs     map[netip.Addr]bool
 	alive      func(node string) bool
+	// ann applies the advertisements (nil: everything is announced).
+	ann *announcer
 }
 
 // served names one Service's use of one address.

@@ -5,13 +5,16 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external/bgp"
 	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
+	"github.com/onehop/onehop/portal"
 )
 
 // bgpProvider announces, from this node, every IP it serves.
@@ -22,7 +25,7 @@ func (p *bgpProvider) Name() string { return "bgp" }
 func (p *bgpProvider) Update(_ context.Context, s *State) error {
 	var ips []netip.Addr
 	for _, ip := range s.IPs() {
-		if s.Serves(ip) {
+		if s.Serves(ip) && s.ann.bgpAllows(ip, s.Node) {
 			ips = append(ips, ip)
 		}
 	}
@@ -39,6 +42,12 @@ func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
 type l2Provider struct {
 	r    *l2.Responder
 	live map[netip.Addr]string // the live candidates of each owned IP, last seen
+	// owners are every IP's owner at the last look, and own what this
+	// node answered for then: an IP it takes over from another node is
+	// told to tookOver (an event on its Services).
+	owners   map[netip.Addr]string
+	own      []netip.Addr
+	tookOver func(ip netip.Addr, from string, svcs []portal.ServiceKey)
 }
 
 func (p *l2Provider) Name() string { return "l2" }
@@ -46,8 +55,10 @@ func (p *l2Provider) Name() string { return "l2" }
 func (p *l2Provider) Update(_ context.Context, s *State) error {
 	var own, again []netip.Addr
 	live := map[netip.Addr]string{}
+	owners := map[netip.Addr]string{}
 	for _, ip := range s.IPs() {
 		owner, candidates := l2Owner(s, ip)
+		owners[ip] = owner
 		if owner == s.Node && s.Serves(ip) {
 			own = append(own, ip)
 			live[ip] = strings.Join(candidates, ",")
@@ -59,13 +70,20 @@ func (p *l2Provider) Update(_ context.Context, s *State) error {
 	p.r.Set(own)
 	p.r.Reannounce(again)
 	p.live = live
+	if took := tookOver(s, p.owners, p.own, own); len(took) > 0 && p.tookOver != nil {
+		svcs := holdersByIP(s)
+		for ip, from := range took {
+			p.tookOver(ip, from, svcs[ip])
+		}
+	}
+	p.owners, p.own = owners, own
 	return nil
 }
 
 func l2Owner(s *State, ip netip.Addr) (string, []string) {
 	var live []string
 	for _, n := range s.Eligible(ip) {
-		if s.Alive(n) {
+		if s.Alive(n) && s.ann.l2Allows(ip, n) {
 			live = append(live, n)
 		}
 	}
@@ -74,26 +92,65 @@ func l2Owner(s *State, ip netip.Addr) (string, []string) {
 
 func (p *l2Provider) Close(context.Context) error { p.r.Close(); return nil }
 
-// webhookProvider: the leader sends every Service's state.
-type webhookProvider struct{ n *webhook.Notifier }
+// webhookProvider: the leader sends every Service's state; sent is how
+// many IPs that state last held (0 while not leading). picks, when set,
+// says which addresses the receiver is told about; stop, when set, is
+// called as the sender closes. last is the state last set, for a sender
+// whose term begins after it (resend).
+type webhookProvider struct {
+	n     *webhook.Notifier
+	sent  int
+	picks func(netip.Addr) bool
+	stop  func()
+	mu    sync.Mutex
+	last  []webhook.Payload
+}
 
 func (p *webhookProvider) Name() string { return "webhook" }
 
 func (p *webhookProvider) Update(_ context.Context, s *State) error {
 	if !s.Leader {
+		p.sent = 0
 		return nil
 	}
-	p.n.Set(webhookPayloads(s))
+	payloads := webhookPayloads(s, p.picks)
+	p.mu.Lock()
+	p.last = payloads
+	p.n.Set(payloads)
+	p.mu.Unlock()
+	p.sent = payloadIPs(payloads)
 	return nil
 }
 
-func (p *webhookProvider) Close(context.Context) error { return nil }
+// resend sets the last state again: the first Set of a term that began
+// after it sends it as the snapshot.
+func (p *webhookProvider) resend() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last != nil {
+		p.n.Set(p.last)
+	}
+}
 
-// webhookPayloads groups targets by Service.
-func webhookPayloads(s *State) []webhook.Payload {
+// Close ends the sender's term: what it has pending is dropped.
+func (p *webhookProvider) Close(context.Context) error {
+	p.n.Demote()
+	if p.stop != nil {
+		p.stop()
+	}
+	p.n.Wait()
+	return nil
+}
+
+// webhookPayloads groups targets by Service, of the addresses picks picks
+// (nil: all).
+func webhookPayloads(s *State, picks func(netip.Addr) bool) []webhook.Payload {
 	by := map[string]*webhook.Payload{}
 	var order []string
 	for _, t := range s.Targets {
+		if picks != nil && !picks(t.IP) {
+			continue
+		}
 		name := t.Service.String()
 		if t.Pod {
 			name = "pod/" + name
@@ -136,14 +193,14 @@ type providerStart struct {
 // cluster-wide part runs; the caller's own, already running, everywhere.
 func (h *Hook) planProviders() {
 	if h.role.node() {
-		if h.cfg.BGP != nil {
+		if h.conf().BGP != nil {
 			h.starts = append(h.starts, providerStart{"bgp", h.startBGP})
 		}
-		if h.cfg.L2 != nil {
+		if h.conf().L2 != nil {
 			h.starts = append(h.starts, providerStart{"l2", h.startL2})
 		}
 	}
-	if h.cfg.Webhook != nil && h.role.controller() {
+	if h.conf().Webhook != nil && h.role.controller() {
 		h.starts = append(h.starts, providerStart{"webhook", h.startWebhook})
 	}
 	for _, s := range h.starts {
@@ -187,21 +244,39 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-func (h *Hook) startWebhook(context.Context) (Provider, error) {
-	n, err := webhook.New(*h.cfg.Webhook, h.log.With("provider", "webhook"), h.webhookFailed, nil)
+func (h *Hook) startWebhook(ctx context.Context) (Provider, error) {
+	n, err := webhook.New(*h.conf().Webhook, h.log.With("provider", "webhook"), h.webhookFailed, h.webhookDelivered)
 	if err != nil {
 		return nil, err
 	}
-	// Started while this process leads (its first start failed): it
-	// leads from now, in this term (leading covers the other order).
+	n.Start(ctx)
+	for _, o := range []string{dataplane.WebhookSuccess, dataplane.WebhookRejected, dataplane.WebhookUnreachable} {
+		h.phealth.metrics.WebhookRequests(o, 0) // the series exist from the start
+	}
+	p := &webhookProvider{n: n, picks: func(ip netip.Addr) bool { return h.conf().webhookPicks(ip) }}
+	p.stop = func() {
+		h.mu.Lock()
+		if h.notifier == n {
+			h.notifier = nil
+		}
+		h.mu.Unlock()
+	}
+	// Started while this process leads (its first start failed, or its
+	// configuration changed): it leads from now, in a term of its own
+	// (leading covers the other order), and sends the state it was told
+	// meanwhile.
 	h.mu.Lock()
 	h.notifier = n
 	lctx := h.leadCtx
 	h.mu.Unlock()
 	if lctx != nil {
-		go h.leadWebhook(lctx, n)
+		go func() {
+			if h.leadWebhook(lctx, n) {
+				p.resend()
+			}
+		}()
 	}
-	return &webhookProvider{n: n}, nil
+	return p, nil
 }
 
 // startBGP starts this node's BGP speaker.
@@ -214,10 +289,15 @@ func (h *Hook) startBGP(ctx context.Context) (Provider, error) {
 			}
 		}
 	}
-	sp, err := bgp.NewSpeaker(*h.cfg.BGP, internal, h.log.With("provider", "bgp"))
+	cfg := h.conf()
+	if cfg.bgpErr != nil {
+		return nil, cfg.bgpErr
+	}
+	sp, err := bgp.NewSpeaker(*cfg.BGP, internal, h.log.With("provider", "bgp"))
 	if err != nil {
 		return nil, err
 	}
+	sp.OnSession(h.bgpSession)
 	if err := sp.Start(ctx); err != nil {
 		_ = sp.Stop(ctx)
 		return nil, err
@@ -229,9 +309,13 @@ func (h *Hook) startBGP(ctx context.Context) (Provider, error) {
 // renewed only once it answers (Run starts it), so that no other node
 // counts on this one for an IP it cannot announce.
 func (h *Hook) startL2(context.Context) (Provider, error) {
-	c := h.cfg.L2
-	ifaces := c.Interfaces
-	if len(ifaces) == 0 {
+	cfg := h.conf()
+	c := cfg.L2
+	ifaces, err := withPatterns(c.Interfaces, cfg.l2Patterns)
+	if err != nil {
+		return nil, err
+	}
+	if len(ifaces) == 0 && len(cfg.l2Patterns) == 0 {
 		name, err := interfaceOf(h.nodeAddrs(h.node))
 		if err != nil {
 			return nil, err
@@ -242,16 +326,37 @@ func (h *Hook) startL2(context.Context) (Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
-	h.liveness = newLiveness(h.client, h.cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
-	// Back from an outage or a partition: the others may have taken
-	// this node's IPs meanwhile; announcing them again moves clients back.
-	h.liveness.resumed = func() { r.Reannounce(r.Owned()) }
-	return &l2Provider{r: r}, nil
+	h.mu.Lock()
+	h.l2r = r
+	h.mu.Unlock()
+	// One liveness tracker for the life of the hook: a responder started
+	// again (reload) keeps it, and its Lease.
+	if h.liveness == nil {
+		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+		h.liveness = newLiveness(h.client, cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
+		// Back from an outage or a partition: the others may have taken
+		// this node's IPs meanwhile; announcing them again moves clients back.
+		h.liveness.resumed = func() {
+			h.mu.Lock()
+			r := h.l2r
+			h.mu.Unlock()
+			if r != nil {
+				r.Reannounce(r.Owned())
+			}
+		}
+	}
+	return &l2Provider{r: r, tookOver: h.l2TookOver}, nil
 }
 
-// webhookFailed puts an event on the Service (first and every 5th attempt).
+// webhookDelivered counts a request the receiver took.
+func (h *Hook) webhookDelivered(string) {
+	h.phealth.metrics.WebhookRequests(dataplane.WebhookSuccess, 1)
+}
+
+// webhookFailed counts a failed request and puts an event on the Service
+// (first and every 5th attempt).
 func (h *Hook) webhookFailed(service string, err error, attempt int) {
+	h.phealth.metrics.WebhookRequests(webhookOutcome(err), 1)
 	if attempt != 1 && attempt%5 != 0 {
 		return
 	}

@@ -329,7 +329,7 @@ func TestLoadBalancerHolders(t *testing.T) {
 	w.service("team-a", "b", shared(443))
 	w.service("team-a", "unshared", lb(ipX.String(), false))   // a status edit by hand: younger, refused
 	w.service("team-b", "squatter", lb("203.0.113.5", false))  // a pool team-b may not use
-	w.service("team-b", "outside", lb("198.51.100.40", false)) // in no pool
+	w.service("team-b", "outside", lb("198.51.100.40", false)) // in no pool: kept (a pool shrank under it)
 	w.service("team-b", "on-node", lb("10.0.0.11", false))     // a node's address
 	w.endpoints("team-a", "a", "node1")
 	w.endpoints("team-a", "b", "node1", "node2")
@@ -337,7 +337,10 @@ func TestLoadBalancerHolders(t *testing.T) {
 	if h := own.held[ipX]; h == nil || !slices.Equal(h.services, []portal.ServiceKey{key("team-a", "a"), key("team-a", "b")}) {
 		t.Fatalf("X held by %+v", h)
 	}
-	for _, k := range []portal.ServiceKey{key("team-a", "unshared"), key("team-b", "squatter"), key("team-b", "outside"), key("team-b", "on-node")} {
+	if h := own.held[netip.MustParseAddr("198.51.100.40")]; h == nil || h.kind != heldByLoadBalancer || !slices.Equal(own.lb[key("team-b", "outside")], []netip.Addr{netip.MustParseAddr("198.51.100.40")}) {
+		t.Errorf("an address outside every pool: held by %+v, team-b/outside holds %v", h, own.lb[key("team-b", "outside")])
+	}
+	for _, k := range []portal.ServiceKey{key("team-a", "unshared"), key("team-b", "squatter"), key("team-b", "on-node")} {
 		if len(own.lb[k]) != 0 {
 			t.Errorf("%s holds %v", k, own.lb[k])
 		}
@@ -346,7 +349,7 @@ func TestLoadBalancerHolders(t *testing.T) {
 	for _, tg := range targets(targetInput{services: w.svcs, slices: w.eps, nodes: w.nodes, own: own}) {
 		ips = append(ips, tg.IP.String()+"/"+tg.Service.Name)
 	}
-	if !slices.Equal(ips, []string{"192.0.2.1/a", "192.0.2.1/b"}) {
+	if !slices.Equal(ips, []string{"192.0.2.1/a", "192.0.2.1/b", "198.51.100.40/outside"}) {
 		t.Errorf("targets %v", ips)
 	}
 }

@@ -3,6 +3,7 @@ package external
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +49,14 @@ func (h *Hook) Run(ctx context.Context) error {
 		f.Start(ctx.Done())
 		defer f.Shutdown()
 	}
+	var crdChanged <-chan struct{}
+	if h.crd != nil {
+		h.crd.factory.Start(ctx.Done())
+		defer h.crd.factory.Shutdown()
+		h.crd.secrets.Start(ctx.Done())
+		defer h.crd.secrets.Shutdown()
+		crdChanged = h.crd.changed
+	}
 	if h.watch != nil {
 		h.watch.Start(ctx)
 		if !cache.WaitForCacheSync(ctx.Done(), h.services.HasSynced, h.slices.HasSynced) {
@@ -63,6 +72,13 @@ func (h *Hook) Run(ctx context.Context) error {
 				return fmt.Errorf("external: cache of %v did not sync", t)
 			}
 		}
+	}
+	if h.crd != nil {
+		if !h.crd.waitSynced(ctx, h.log) {
+			return fmt.Errorf("external: the caches of the onehop.io custom resources did not sync: %w", ctx.Err())
+		}
+		// Before anything runs: the providers start with it.
+		h.reload(ctx, true)
 	}
 	// One look over the complete listings, even if nothing changes after
 	// them: the registry's first answer (RefusedExternalIPs) comes from it.
@@ -124,12 +140,12 @@ func (h *Hook) Run(ctx context.Context) error {
 	throttle := time.NewTimer(time.Hour)
 	defer throttle.Stop()
 	throttle.Stop()
-	// told is what each provider was last told without an error. A failed
-	// update is tried again with the state of that moment after its
-	// provider's back-off (retryFirst, doubling up to retryMax;
+	// told is what each provider was last told without an
+	// error. A failed update is tried again with the state of that moment
+	// after its provider's back-off (retryFirst, doubling up to retryMax;
 	// providerHealth), not only when something else changes; providers
 	// that took the state are not told it again.
-	told := make([]string, len(h.providers))
+	told := map[Provider]string{}
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	retry.Stop()
@@ -148,6 +164,14 @@ func (h *Hook) Run(ctx context.Context) error {
 		case <-retry.C:
 			pending = true
 		case <-startRetry.C:
+			pending = true
+		case <-crdChanged:
+			h.reload(ctx, false)
+			for p := range told { // those it stopped
+				if !slices.Contains(h.providers, p) {
+					delete(told, p)
+				}
+			}
 			pending = true
 		case <-throttle.C:
 		}
@@ -169,27 +193,33 @@ func (h *Hook) Run(ctx context.Context) error {
 		if err := startAll(); err != nil {
 			return err
 		}
-		for len(told) < len(h.providers) {
-			told = append(told, "")
-		}
 		if h.standby() {
+			h.observePools(false)
+			h.noteNextHops(nil, false)
 			continue
 		}
 		st := h.state()
 		fp := fingerprint(st)
 		var again time.Time // when to try failed updates again
-		for i, p := range h.providers {
-			if told[i] == fp {
+		for _, p := range h.providers {
+			if told[p] == fp {
 				continue
 			}
-			if err := p.Update(ctx, st); err != nil {
+			err := p.Update(ctx, st)
+			h.observeAnnounced(p) // what it announces, also after a partial failure
+			if err != nil {
 				again = earliest(again, h.phealth.failed(p.Name(), stageUpdate, err, time.Now()))
 				continue
 			}
-			told[i] = fp
+			told[p] = fp
 			h.phealth.ok(p.Name())
 		}
-		if h.role == roleController && h.cfg.settles() {
+		h.observePools(st.Leader)
+		h.noteNextHops(st, st.Leader)
+		if h.crd != nil && st.Leader {
+			again = earliest(again, h.writeStatus(ctx))
+		}
+		if h.role == roleController && h.conf().settles() {
 			if err := h.publishGrants(ctx); err != nil {
 				backoff = nextBackoff(backoff)
 				again = earliest(again, time.Now().Add(backoff))
@@ -245,7 +275,8 @@ func (h *Hook) standby() bool {
 
 // needsLeader: something of the cluster-wide part is configured.
 func (h *Hook) needsLeader() bool {
-	return len(h.cfg.pools) > 0 || h.cfg.Webhook != nil || h.cfg.PodExternalIPs
+	c := h.conf()
+	return len(c.pools) > 0 || c.Webhook != nil || c.PodExternalIPs || c.CRDs
 }
 
 // idle: nothing is configured for this role, so Run watches nothing. In a
@@ -257,7 +288,8 @@ func (h *Hook) idle() bool {
 	}
 	switch h.role {
 	case roleNode:
-		return h.cfg.BGP == nil && h.cfg.L2 == nil && !h.cfg.PodExternalIPs
+		c := h.conf()
+		return c.BGP == nil && c.L2 == nil && !c.PodExternalIPs && !c.CRDs
 	case roleController:
 		return !h.needsLeader()
 	}
@@ -272,9 +304,9 @@ func fingerprint(s *State) string {
 		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, t.Nodes, t.HealthCheckNodePort, t.Ports)
 	}
 	for _, ip := range s.IPs() {
-		b = fmt.Appendf(b, "%s:%v:", ip, s.Serves(ip))
+		b = fmt.Appendf(b, "%s:%v:%v:", ip, s.Serves(ip), s.ann.bgpAllows(ip, s.Node))
 		for _, n := range s.Eligible(ip) {
-			b = fmt.Appendf(b, "%s=%v,", n, s.Alive(n))
+			b = fmt.Appendf(b, "%s=%v%v,", n, s.Alive(n), s.ann.l2Allows(ip, n))
 		}
 	}
 	b = fmt.Appendf(b, "%v", s.NodeAddresses)

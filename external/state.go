@@ -84,5 +84,6 @@ func (h *Hook) state() *State {
 	if h.liveness != nil {
 		st.alive = h.liveness.alive
 	}
+	st.ann = h.conf().announcer(h.nodeLabels)
 	return st
 }

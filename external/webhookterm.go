@@ -85,7 +85,7 @@ func tryClaimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseIn
 // leadWebhook claims a term and starts the webhook sender's part of it;
 // false when it could not (ctx ended, or the Lease moved on).
 func (h *Hook) leadWebhook(ctx context.Context, n *webhook.Notifier) bool {
-	term, err := claimWebhookTerm(ctx, h.client.CoordinationV1().Leases(h.cfg.LeaseNamespace), AllocatorLeaseName, h.identity, h.log)
+	term, err := claimWebhookTerm(ctx, h.client.CoordinationV1().Leases(h.conf().LeaseNamespace), AllocatorLeaseName, h.identity, h.log)
 	if err == nil {
 		err = n.Lead(ctx, term)
 	}

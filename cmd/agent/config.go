@@ -53,6 +53,7 @@ const (
 //	externalIPCIDRs: [203.0.113.0/24]
 //	serviceProxyName: ""         # handle Services labelled service.kubernetes.io/service-proxy-name=<this>
 //	sourceRangesOnNodePorts: false
+//	balancing: random            # or maglev: the default of Services without onehop.io/balancing
 //	serviceLimits: {ports: 5000, sourceRanges: 10000, externalIPs: 100, loadBalancerIPs: 100}
 //	external: {...}              # the cloud hook's settings, decoded by package external
 type onehopConfiguration struct {
@@ -63,6 +64,7 @@ type onehopConfiguration struct {
 	ExternalIPCIDRs         []string        `json:"externalIPCIDRs,omitempty"`
 	ServiceProxyName        *string         `json:"serviceProxyName,omitempty"`
 	SourceRangesOnNodePorts *bool           `json:"sourceRangesOnNodePorts,omitempty"`
+	Balancing               string          `json:"balancing,omitempty"`
 	ServiceLimits           *serviceLimits  `json:"serviceLimits,omitempty"`
 	External                json.RawMessage `json:"external,omitempty"`
 }
@@ -149,6 +151,8 @@ type fileConfig struct {
 	ExternalIPCIDRs         []netip.Prefix
 	ServiceProxyName        *string
 	SourceRangesOnNodePorts *bool
+	// Balancing is balancing (--balancing): random or maglev.
+	Balancing *string
 	// ServiceLimits are the serviceLimits given; zero fields take the
 	// defaults (portal.DefaultLimits).
 	ServiceLimits portal.Limits
@@ -396,6 +400,12 @@ func (fc *fileConfig) applyOnehop(oh *onehopConfiguration) error {
 	}
 	fc.ServiceProxyName = oh.ServiceProxyName
 	fc.SourceRangesOnNodePorts = oh.SourceRangesOnNodePorts
+	if oh.Balancing != "" {
+		if _, err := parseBalancing(oh.Balancing); err != nil {
+			return err
+		}
+		fc.Balancing = &oh.Balancing
+	}
 	limits, err := oh.ServiceLimits.resolve()
 	if err != nil {
 		return err

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -43,7 +46,7 @@ func (f *controllerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; default: the config file's clientConnection.kubeconfig, else in-cluster configuration")
 	fs.StringVar(&f.master, "master", "", "the Kubernetes API server address (overrides the kubeconfig)")
 	fs.StringVar(&f.identity, "identity", "", "this candidate's name in the leader Lease (default $POD_NAME, else the hostname)")
-	fs.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10258", "address of /healthz; empty disables")
+	fs.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10258", "address of /healthz and /metrics; empty disables")
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default: the config file's externalIPCIDRs)")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -125,11 +128,17 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 
 	// /healthz: ok until the hook exists, then the hook's leader-election
 	// watchdog (a leader that stopped renewing is restarted by the
-	// liveness probe). Served with the agent's server limits, and bound
-	// again every few seconds while the port is taken.
+	// liveness probe). /metrics on the same port: the leader's pool
+	// allocations and webhook results, which no node agent has in a split
+	// install. Served with the agent's server limits, and bound again
+	// every few seconds while the port is taken.
 	var healthy atomic.Pointer[func() error]
+	reg := prometheus.NewRegistry()
+	metrics := dataplane.NewMetrics(reg)
 	if f.healthzAddr != "" {
-		handler := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 			if check := healthy.Load(); check != nil {
 				if err := (*check)(); err != nil {
 					http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -139,7 +148,7 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 			_, _ = io.WriteString(w, "ok")
 		})
 		go dataplane.ServeRetrying(ctx, log, "healthz", f.healthzAddr, 0, func(ctx context.Context, ln net.Listener) error {
-			return dataplane.ServeHandler(ctx, ln, handler, "healthz")
+			return dataplane.ServeHandler(ctx, ln, mux, "healthz")
 		}, nil)
 	}
 
@@ -191,7 +200,12 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if !ec.SeparateController {
 		log.Warn("onehop controller: external.separateController is off, so the node agents also campaign for the allocator Lease; set it so that they write nothing cluster-wide")
 	}
-	hook, err := external.NewController(ec, client, identity, log)
+	dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources (external.crds)
+	if err != nil {
+		return err
+	}
+	hook, err := external.NewController(ec, client, identity, log, external.WithDynamicClient(dyn),
+		external.WithProviderHealth(nil, metrics))
 	if err != nil {
 		return fmt.Errorf("%s: external section: %w", f.config, err)
 	}

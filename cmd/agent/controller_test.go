@@ -95,6 +95,26 @@ func TestControllerCommand(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || string(body) != "ok" {
 		t.Errorf("/healthz of the leader: %d %q", resp.StatusCode, body)
 	}
+	// Its /metrics, on the same port, count the pool's one address as used
+	// (no node agent has these in a split install).
+	for _, want := range []string{`onehop_allocator_addresses_in_use_total{pool="main"} 1`, `onehop_allocator_addresses_total{pool="main"} 1`} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Get("http://" + healthz + "/metrics")
+			if err != nil {
+				t.Fatalf("/metrics: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), want+"\n") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the leader's /metrics lack %q:\n%s", want, body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 
 	log := end()
 	if runErr != nil {

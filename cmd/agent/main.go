@@ -7,6 +7,7 @@
 //	agent trace      tell which way a packet goes through the kernel's rules
 //	agent cleanup    remove everything onehop installed (with
 //	                 --kube-proxy-leftovers: only kube-proxy's rules)
+//	agent convert-metallb print onehop's resources for MetalLB's
 //	agent version    print the version
 package main
 
@@ -46,6 +47,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = traceCmd(ctx, args[1:], stdout, stderr)
 	case "cleanup":
 		err = cleanupCmd(ctx, args[1:], stdout, stderr)
+	case "convert-metallb":
+		err = convertMetalLBCmd(args[1:], os.Stdin, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "onehop agent %s\n", version)
 	case "help", "-h", "--help":
@@ -74,6 +77,7 @@ commands:
                affinity, conntrack (--from ADDR|node, --from-pod NS/NAME, --to ADDR:PORT/PROTO,
                -o text|json)
   cleanup      remove everything onehop installed, and nothing else
+  convert-metallb  print onehop's resources for MetalLB's (-f FILE, --strict)
   version      print the version
 
 Run "agent <command> -h" for a command's flags.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -53,12 +54,14 @@ type runFlags struct {
 	ipvsCanaryPeriod time.Duration
 	serviceProxyName string
 	srcRangesOnNP    bool
+	balancing        string
 	profiling        bool
 	verbosity        int
 	logFormat        string
 	qps              float64
 	burst            int
 	contentType      string
+	apiCompression   bool
 	acceptTypes      string
 	detectLocalMode  string
 	conntrack        conntrackConfig
@@ -97,12 +100,14 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ipvsCanaryPeriod, "ipvs-canary-period", time.Minute, "how often the drift check runs iptables to see onehop's rules are there (ipvs dataplane; kube-proxy's canary cadence; 0: at every check); IPVS state itself is checked over netlink at every check")
 	fs.StringVar(&f.serviceProxyName, "service-proxy-name", "", "serve only Services labelled service.kubernetes.io/service-proxy-name with this value")
 	fs.BoolVar(&f.srcRangesOnNP, "source-ranges-on-nodeports", false, "apply loadBalancerSourceRanges to NodePorts too")
+	fs.StringVar(&f.balancing, "balancing", "random", "how Services without the onehop.io/balancing annotation pick an endpoint: random, or maglev (consistent hashing: every node picks the same endpoint for a flow; nft dataplane)")
 	fs.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof on the metrics address")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity; 2 logs every sync")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fs.Float64Var(&f.qps, "kube-api-qps", 50, "QPS towards the API server")
 	fs.IntVar(&f.burst, "kube-api-burst", 100, "burst towards the API server")
 	fs.StringVar(&f.contentType, "kube-api-content-type", "", "content type of requests to the API server (default: client-go's)")
+	fs.BoolVar(&f.apiCompression, "kube-api-compression", false, "ask the API server to gzip its answers, watch streams included (costs both sides CPU per event)")
 	fs.StringVar(&f.detectLocalMode, "detect-local-mode", "", "how traffic from local pods is told: ClusterCIDR (default, --cluster-cidr) or NodeCIDR (this Node's spec.podCIDRs)")
 	d := conntrackDefaults()
 	fs.IntVar(&f.conntrack.MaxPerCore, "conntrack-max-per-core", d.MaxPerCore, "nf_conntrack_max per CPU, raised to at least --conntrack-min (0: leave the limit as it is)")
@@ -131,6 +136,7 @@ func (f *runFlags) applyFile(fc *fileConfig, set map[string]bool) {
 	str("ipvs-scheduler", &f.ipvsScheduler, fc.IPVSScheduler)
 	str("kubeconfig", &f.kubeconfig, fc.Kubeconfig)
 	str("service-proxy-name", &f.serviceProxyName, fc.ServiceProxyName)
+	str("balancing", &f.balancing, fc.Balancing)
 	str("log-format", &f.logFormat, fc.LogFormat)
 	prefixes := func(name string, dst *string, v []netip.Prefix) {
 		if !set[name] && len(v) > 0 {
@@ -309,6 +315,9 @@ func (f *runFlags) validate() error {
 	if err := checkLogFormat("--log-format", f.logFormat); err != nil {
 		return err
 	}
+	if _, err := parseBalancing(f.balancing); err != nil {
+		return err
+	}
 	for _, a := range []struct {
 		flag string
 		addr *string
@@ -379,6 +388,10 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	rc.QPS, rc.Burst = float32(f.qps), f.burst
 	rc.ContentType, rc.AcceptContentTypes = f.contentType, f.acceptTypes
+	// The API server gzips a watch stream for each watcher on its own, and
+	// the agent inflates every event: about a twentieth of the agent's CPU while
+	// Services are created, for traffic that stays inside the cluster.
+	rc.DisableCompression = rc.DisableCompression || !f.apiCompression
 	rc.UserAgent = "onehop-agent/" + version
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -446,8 +459,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "onehop-agent", Host: node})
 
+	balancing, _ := parseBalancing(f.balancing) // checked by validate
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
-		ServiceProxyName: f.serviceProxyName, Limits: f.serviceLimits}
+		ServiceProxyName: f.serviceProxyName, Limits: f.serviceLimits, Balancing: balancing}
 	var runner *dataplane.Runner
 	// A Service's problems are the same on every node: with a controller
 	// it puts them on the Service once (reportServiceProblems), and the
@@ -546,7 +560,12 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		watch = portal.NewServiceWatch(client, 0)
 		// A provider that cannot start or update shows in /healthz's
 		// providerFailures, onehop_provider_up and events on this Node.
-		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch), external.WithProviderHealth(health, metrics))
+		dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources (external.crds)
+		if err != nil {
+			return err
+		}
+		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch), external.WithProviderHealth(health, metrics),
+			external.WithDynamicClient(dyn))
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/onehop/onehop/portal"
 )
 
 // The checks below are shared by the flags and the --config file, so that
@@ -122,4 +124,14 @@ func checkLogFormat(name, f string) error {
 		return fmt.Errorf("%s %q: want text or json", name, f)
 	}
 	return nil
+}
+
+// parseBalancing parses the cluster-wide default balancing: random or
+// maglev (a Service's onehop.io/balancing annotation overrides it).
+func parseBalancing(v string) (portal.Balancing, error) {
+	b, ok := portal.ParseBalancing(v)
+	if !ok {
+		return b, fmt.Errorf("balancing (--balancing) %q: want %s or %s", v, portal.BalancingRandom, portal.BalancingMaglev)
+	}
+	return b, nil
 }

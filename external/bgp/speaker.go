@@ -26,6 +26,11 @@ type Speaker struct {
 	mu        sync.Mutex
 	announced map[netip.Addr]*apiutil.Path
 	stopped   bool
+
+	// sessions reports the sessions' changes (OnSession); endWatch ends
+	// the watch of GoBGP's peer events that feeds it (Stop).
+	sessions sessions
+	endWatch context.CancelFunc
 }
 
 // NewSpeaker builds a speaker; nodeAddrs supply the default next hops (the
@@ -74,20 +79,19 @@ func (s *Speaker) Start(ctx context.Context) error {
 	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: s.cfg.ASN, RouterId: rid, ListenPort: port}}); err != nil {
 		return fmt.Errorf("bgp: start: %w", err)
 	}
+	// The watch lives as long as the speaker (Stop ends it), not as ctx.
+	wctx, end := context.WithCancel(context.WithoutCancel(ctx))
+	s.mu.Lock()
+	s.endWatch = end
+	s.mu.Unlock()
+	if err := s.watch(wctx, s.srv); err != nil {
+		s.log.Warn("bgp: cannot watch peer events; session changes are not reported", "err", err)
+	}
 	for _, p := range s.cfg.Peers {
 		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(p)}); err != nil {
 			_ = s.srv.StopBgp(ctx, &api.StopBgpRequest{})
 			return fmt.Errorf("bgp: peer %s: %w", p.Address, err)
 		}
-	}
-	err := s.srv.WatchEvent(ctx, server.WatchEventMessageCallbacks{
-		OnPeerUpdate: func(p *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
-			if p.Type == apiutil.PEER_EVENT_STATE {
-				s.log.Info("bgp peer state", "peer", p.Peer.State.NeighborAddress, "state", p.Peer.State.SessionState.String())
-			}
-		}}, server.WatchPeer())
-	if err != nil {
-		s.log.Warn("bgp: cannot watch peer events", "err", err)
 	}
 	return nil
 }
@@ -206,7 +210,8 @@ func (s *Speaker) Announced() []netip.Addr {
 }
 
 // Stop withdraws every route, gives the UPDATEs a moment to leave, then
-// closes the sessions.
+// closes the sessions: each peer is reported gone (OnSession), and the
+// watch of the sessions ends.
 func (s *Speaker) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	if s.stopped || s.srv == nil {
@@ -225,5 +230,15 @@ func (s *Speaker) Stop(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}
-	return errors.Join(err, s.srv.StopBgp(ctx, &api.StopBgpRequest{}))
+	s.sessions.close()
+	// Not StopBgp alone: that leaves the server's BFD loop running, one
+	// goroutine for every speaker a reload replaced. Stop logs its errors.
+	s.srv.Stop()
+	s.mu.Lock()
+	end := s.endWatch
+	s.mu.Unlock()
+	if end != nil {
+		end()
+	}
+	return err
 }

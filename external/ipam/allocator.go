@@ -61,6 +61,9 @@ const (
 	// ReasonPoolNotAllowed: the pool does not serve the Service's
 	// namespace or labels.
 	ReasonPoolNotAllowed Reason = "PoolNotAllowed"
+	// ReasonOutsidePools is no refusal: a Service keeps an address that
+	// no pool holds any more (see Outside).
+	ReasonOutsidePools Reason = "IPOutsidePools"
 )
 
 // Error is a refusal with a reason and a message meant for users.
@@ -146,6 +149,25 @@ func (a *Allocator) pool(name string) *Pool {
 // Holds returns the IPs svc holds, sorted.
 func (a *Allocator) Holds(svc portal.ServiceKey) []netip.Addr { return slices.Clone(a.svcs[svc]) }
 
+// Outside returns the IPs svc holds that are in no pool, sorted: its pool
+// shrank or went away while svc held them. svc keeps them for as long as it
+// holds them (until it asks for other addresses or goes), and nobody else
+// is given them: no pool hands them out, and a request for one is refused.
+func (a *Allocator) Outside(svc portal.ServiceKey) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range a.svcs[svc] {
+		if a.PoolOf(ip) == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// keepsOutside: svc holds ip, and no pool does.
+func (a *Allocator) keepsOutside(svc portal.ServiceKey, ip netip.Addr) bool {
+	return slices.Contains(a.svcs[svc], ip) && a.PoolOf(ip) == nil
+}
+
 // InUse returns the number of allocated IPs.
 func (a *Allocator) InUse() int { return len(a.ips) }
 
@@ -163,8 +185,10 @@ func (a *Allocator) Release(svc portal.ServiceKey) {
 
 // Restore records that svc already holds ips (read back from Service status
 // when an allocator starts), without choosing anything. It refuses addresses
-// outside the request's pools or held by another Service incompatibly; the
-// caller then allocates afresh for that Service.
+// of a pool that is not the request's or does not serve it, and addresses
+// held by another Service incompatibly; the caller then allocates afresh
+// for that Service. An address in no pool at all (its pool shrank or was
+// deleted) is kept: a pool change never renumbers a Service (see Outside).
 func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 	seen := map[portal.Family]bool{}
 	for _, ip := range ips {
@@ -173,8 +197,10 @@ func (a *Allocator) Restore(req Request, ips []netip.Addr) error {
 			return refuse(ReasonBadRequest, "more than one %s address in status", portal.FamilyOf(ip))
 		}
 		seen[portal.FamilyOf(ip)] = true
-		if err := a.checkPool(req, ip); err != nil {
-			return err
+		if a.PoolOf(ip) != nil { // outside every pool: kept, unless someone else holds it
+			if err := a.checkPool(req, ip); err != nil {
+				return err
+			}
 		}
 		if err := a.compatible(req, ip); err != nil {
 			return err
@@ -194,10 +220,10 @@ func (a *Allocator) Assign(req Request) ([]netip.Addr, error) {
 	}
 	if req.Pool != "" {
 		p := a.pool(req.Pool)
-		if p == nil {
+		if p == nil && len(a.Outside(req.Service)) == 0 {
 			return nil, refuse(ReasonUnknownPool, "address pool %q does not exist", req.Pool)
 		}
-		if !p.Admits(req.Service.Namespace, req.Labels) {
+		if p != nil && !p.Admits(req.Service.Namespace, req.Labels) {
 			return nil, refuse(ReasonPoolNotAllowed, "address pool %q does not serve this Service (namespace %s or labels not admitted)", req.Pool, req.Service.Namespace)
 		}
 	}
@@ -262,14 +288,15 @@ func (a *Allocator) pick(req Request, f portal.Family) (netip.Addr, error) {
 		if portal.FamilyOf(r) != f {
 			continue
 		}
-		if err := a.checkPool(req, r); err != nil {
+		if err := a.checkPool(req, r); err != nil && !a.keepsOutside(req.Service, r) {
 			return netip.Addr{}, err
 		}
 		return r, a.compatible(req, r)
 	}
-	// Keep what the Service holds when it still fits.
+	// Keep what the Service holds when it still fits, or when no pool
+	// holds it any more.
 	for _, h := range a.svcs[req.Service] {
-		if portal.FamilyOf(h) == f && a.checkPool(req, h) == nil && a.compatible(req, h) == nil {
+		if portal.FamilyOf(h) == f && (a.checkPool(req, h) == nil || a.PoolOf(h) == nil) && a.compatible(req, h) == nil {
 			return h, nil
 		}
 	}

@@ -158,7 +158,8 @@ func TestAssign(t *testing.T) {
 			{name: "restore b", req: Request{Service: svc("b")}, restore: addrs("192.0.2.1"), want: addrs("192.0.2.1")},
 			{name: "a does not get b's", req: Request{Service: svc("a")}, want: addrs("192.0.2.2")},
 			{name: "restore c on a's ip refused", req: Request{Service: svc("c")}, restore: addrs("192.0.2.2"), reason: ReasonConflict},
-			{name: "restore outside pools refused", req: Request{Service: svc("c")}, restore: addrs("203.0.113.9"), reason: ReasonNotInPool},
+			{name: "restore outside pools kept", req: Request{Service: svc("c")}, restore: addrs("203.0.113.9"), want: addrs("203.0.113.9")},
+			{name: "restore in the wrong pool refused", req: Request{Service: svc("d"), Pool: "small"}, restore: addrs("198.51.100.3"), reason: ReasonNotInPool},
 			{name: "b keeps its ip", req: Request{Service: svc("b")}, want: addrs("192.0.2.1")},
 		}},
 	} {
@@ -407,5 +408,92 @@ func TestReserved(t *testing.T) {
 	held[netip.MustParseAddr("192.0.2.2")] = "cluster IP of Service ns/x"
 	if got, err := a.Assign(Request{Service: svc("a")}); err != nil || got[0] != netip.MustParseAddr("192.0.2.3") {
 		t.Errorf("reserved after assignment: got %v %v, want 192.0.2.3", got, err)
+	}
+}
+
+// A pool that shrinks or goes away under a Service renumbers nothing: the
+// Service keeps its address, which no one else is given, also when a pool
+// holds it again.
+func TestShrunkPoolKeepsHeldAddresses(t *testing.T) {
+	before, err := New([]Pool{mustPool(t, "main", true, false, "192.0.2.0/29")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := Request{Service: svc("named"), Pool: "main"}
+	asked := Request{Service: svc("asked"), Requested: addrs("192.0.2.3")}
+	for _, req := range []Request{{Service: svc("a")}, named, asked} {
+		if _, err := before.Assign(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a holds .1, named .2, asked .3; main shrinks to .4-.5.
+	after, err := New([]Pool{mustPool(t, "main", true, false, "192.0.2.4-192.0.2.5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []Request{{Service: svc("a")}, named, asked} {
+		if err := after.Restore(req, before.Holds(req.Service)); err != nil {
+			t.Fatalf("restore %s: %v", req.Service, err)
+		}
+		if got, want := after.Outside(req.Service), before.Holds(req.Service); !slices.Equal(got, want) {
+			t.Errorf("%s outside %v, want %v", req.Service, got, want)
+		}
+		got, err := after.Assign(req)
+		if err != nil || !slices.Equal(got, before.Holds(req.Service)) {
+			t.Errorf("%s: %v %v, want it to keep %v", req.Service, got, err, before.Holds(req.Service))
+		}
+	}
+	if got, err := after.Assign(Request{Service: svc("new")}); err != nil || !slices.Equal(got, addrs("192.0.2.4")) {
+		t.Errorf("new: %v %v, want 192.0.2.4 of the shrunk pool", got, err)
+	}
+	wantReason(t, after, Request{Service: svc("thief"), Requested: addrs("192.0.2.1")}, ReasonNotInPool)
+	wantReason(t, after, Request{Service: svc("sharer"), Requested: addrs("192.0.2.1"), SharingKey: "k"}, ReasonNotInPool)
+
+	// main goes: a Service naming it keeps its address.
+	gone, err := New([]Pool{mustPool(t, "other", true, false, "198.51.100.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Restore(named, addrs("192.0.2.2")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := gone.Assign(named); err != nil || !slices.Equal(got, addrs("192.0.2.2")) {
+		t.Errorf("named, its pool deleted: %v %v, want it to keep 192.0.2.2", got, err)
+	}
+	wantReason(t, gone, Request{Service: svc("b"), Pool: "main"}, ReasonUnknownPool)
+
+	// main grows back: a keeps .1, which is no longer outside, and a new
+	// Service gets none of the held addresses.
+	again, err := New([]Pool{mustPool(t, "main", true, false, "192.0.2.1-192.0.2.4")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []Request{{Service: svc("a")}, named, asked} {
+		if err := again.Restore(req, before.Holds(req.Service)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := again.Outside(svc("a")); len(out) != 0 {
+		t.Errorf("a outside %v after main grew back", out)
+	}
+	if got, err := again.Assign(Request{Service: svc("new")}); err != nil || !slices.Equal(got, addrs("192.0.2.4")) {
+		t.Errorf("new: %v %v, want 192.0.2.4", got, err)
+	}
+
+	// Asking for another address lets the one outside go.
+	if got, err := after.Assign(Request{Service: svc("asked"), Requested: addrs("192.0.2.5")}); err != nil || !slices.Equal(got, addrs("192.0.2.5")) {
+		t.Errorf("asked moves: %v %v", got, err)
+	}
+	if out := after.Outside(svc("asked")); len(out) != 0 {
+		t.Errorf("asked still outside %v after moving", out)
+	}
+}
+
+func wantReason(t *testing.T, a *Allocator, req Request, r Reason) {
+	t.Helper()
+	_, err := a.Assign(req)
+	var e *Error
+	if !errors.As(err, &e) || e.Reason != r {
+		t.Errorf("%s: %v, want %s", req.Service, err, r)
 	}
 }

@@ -1,38 +1,65 @@
 package l2
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
+	"github.com/vishvananda/netlink"
 )
 
 // Responder answers ARP and NDP for the IPs it owns.
+//
+// It follows its interfaces by name: when one is deleted and created again
+// (a bond or VLAN rebuilt, with a new index and maybe a new MAC address), or
+// gains the IPv4 or link-local address it lacked, the responder opens new
+// sockets on it and announces its IPs there again. Netlink link and address
+// updates say when; a read error and a periodic check back them up.
 type Responder struct {
-	log    *slog.Logger
-	ifaces []*link
+	log   *slog.Logger
+	links []*link
 
 	mu    sync.Mutex
 	owned map[netip.Addr]bool
-	wg    sync.WaitGroup
+	wg    sync.WaitGroup // the watcher
 	done  chan struct{}
+	kick  chan struct{} // look at the interfaces again now
 }
 
+// link is one interface the responder answers on, by name.
 type link struct {
+	name string
+
+	mu sync.Mutex
+	s  *sockets // nil while the interface is missing or has no usable address
+	// solicited-node groups wanted, refcounted by owned IP; joined on
+	// every new set of sockets
+	groups map[netip.Addr]int
+}
+
+// sockets are the raw sockets open on one incarnation of an interface.
+type sockets struct {
 	ifi *net.Interface
 	arp *arp.Client // nil without an IPv4 address
 	ndp *ndp.Conn   // nil without an IPv6 link-local address
-	// joined solicited-node groups, refcounted by owned IP
-	groups map[netip.Addr]int
+	wg  sync.WaitGroup
+	// closing ends the goroutines reading the sockets
+	closing chan struct{}
 }
+
+// recheckEvery backs up the netlink updates (which can be lost when the
+// kernel's buffer overflows).
+const recheckEvery = 10 * time.Second
 
 // NewResponder opens raw sockets on the named interfaces and starts
 // answering (for nothing until Set).
@@ -40,41 +67,259 @@ func NewResponder(ifnames []string, log *slog.Logger) (*Responder, error) {
 	if len(ifnames) == 0 {
 		return nil, errors.New("l2: no interface")
 	}
-	r := &Responder{log: log, owned: map[netip.Addr]bool{}, done: make(chan struct{})}
+	r := &Responder{log: log, owned: map[netip.Addr]bool{}, done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, name := range ifnames {
-		ifi, err := net.InterfaceByName(name)
+		s, err := openSockets(name, log)
 		if err != nil {
 			r.Close()
-			return nil, fmt.Errorf("l2: interface %s: %w", name, err)
+			return nil, err
 		}
-		l := &link{ifi: ifi, groups: map[netip.Addr]int{}}
-		if c, err := arp.Dial(ifi); err == nil {
-			l.arp = c
-		} else {
-			log.Info("l2: no ARP on interface", "iface", name, "err", err)
-		}
-		if c, _, err := ndp.Listen(ifi, ndp.LinkLocal); err == nil {
-			l.ndp = c
-		} else {
-			log.Info("l2: no NDP on interface", "iface", name, "err", err)
-		}
-		if l.arp == nil && l.ndp == nil {
-			r.Close()
-			return nil, fmt.Errorf("l2: interface %s has neither an IPv4 address nor an IPv6 link-local address (or CAP_NET_RAW is missing)", name)
-		}
-		r.ifaces = append(r.ifaces, l)
+		l := &link{name: name, groups: map[netip.Addr]int{}, s: s}
+		r.links = append(r.links, l)
 	}
-	for _, l := range r.ifaces {
-		if l.arp != nil {
-			r.wg.Add(1)
-			go r.serveARP(l)
-		}
-		if l.ndp != nil {
-			r.wg.Add(1)
-			go r.serveNDP(l)
-		}
+	for _, l := range r.links {
+		r.serve(l.s)
 	}
+	r.wg.Add(1)
+	go r.watch()
 	return r, nil
+}
+
+// openSockets opens ARP and NDP sockets on the interface name now names.
+func openSockets(name string, log *slog.Logger) (*sockets, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("l2: interface %s: %w", name, err)
+	}
+	s := &sockets{ifi: ifi, closing: make(chan struct{})}
+	if c, err := arp.Dial(ifi); err == nil {
+		s.arp = c
+	} else {
+		log.Info("l2: no ARP on interface", "iface", name, "err", err)
+	}
+	// The NDP socket names the interface by its index, not its name: Go
+	// caches the name's index for up to a minute, and a recreated
+	// interface has a new one.
+	byIndex := *ifi
+	byIndex.Name = strconv.Itoa(ifi.Index)
+	if c, _, err := ndp.Listen(&byIndex, ndp.LinkLocal); err == nil {
+		s.ndp = c
+	} else {
+		log.Info("l2: no NDP on interface", "iface", name, "err", err)
+	}
+	if s.arp == nil && s.ndp == nil {
+		return nil, fmt.Errorf("l2: interface %s has neither an IPv4 address nor an IPv6 link-local address (or CAP_NET_RAW is missing)", name)
+	}
+	return s, nil
+}
+
+// serve starts answering on s.
+func (r *Responder) serve(s *sockets) {
+	if s.arp != nil {
+		s.wg.Add(1)
+		go r.serveARP(s)
+	}
+	if s.ndp != nil {
+		s.wg.Add(1)
+		go r.serveNDP(s)
+	}
+}
+
+// close stops s's goroutines and closes its sockets.
+func (s *sockets) close() {
+	close(s.closing)
+	if s.arp != nil {
+		_ = s.arp.SetReadDeadline(time.Now())
+		_ = s.arp.Close()
+	}
+	if s.ndp != nil {
+		_ = s.ndp.SetReadDeadline(time.Now())
+		_ = s.ndp.Close()
+	}
+	s.wg.Wait()
+}
+
+// watch follows the interfaces until Close.
+func (r *Responder) watch() {
+	defer r.wg.Done()
+	var linkCh chan netlink.LinkUpdate
+	var addrCh chan netlink.AddrUpdate
+	var stop chan struct{} // ends the current subscriptions
+	subscribe := func() {
+		stop = make(chan struct{})
+		mine := stop
+		onErr := func(err error) {
+			select {
+			case <-mine: // unsubscribed
+			default:
+				r.log.Warn("l2: netlink updates lost; checking the interfaces every "+recheckEvery.String()+" until they resume", "err", err)
+			}
+		}
+		linkCh, addrCh = make(chan netlink.LinkUpdate, 64), make(chan netlink.AddrUpdate, 64)
+		if err := netlink.LinkSubscribeWithOptions(linkCh, stop, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
+			onErr(err)
+			linkCh = nil
+		}
+		if err := netlink.AddrSubscribeWithOptions(addrCh, stop, netlink.AddrSubscribeOptions{ErrorCallback: onErr}); err != nil {
+			onErr(err)
+			addrCh = nil
+		}
+	}
+	// unsubscribe ends the subscriptions; their goroutines end once they
+	// have handed over what they read, so that is drained.
+	unsubscribe := func() {
+		close(stop)
+		go drain(linkCh)
+		go drain(addrCh)
+		linkCh, addrCh = nil, nil
+	}
+	subscribe()
+	defer unsubscribe()
+	tick := time.NewTicker(recheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case u, ok := <-linkCh:
+			if !ok {
+				linkCh = nil
+				continue
+			}
+			if r.follows(u.Attrs().Name, u.Attrs().Index) {
+				r.refresh()
+			}
+		case u, ok := <-addrCh:
+			if !ok {
+				addrCh = nil
+				continue
+			}
+			if r.follows("", u.LinkIndex) || r.incomplete() {
+				r.refresh()
+			}
+		case <-r.kick:
+			r.refresh()
+		case <-tick.C:
+			if linkCh == nil || addrCh == nil {
+				unsubscribe()
+				subscribe()
+			}
+			r.refresh()
+		}
+	}
+}
+
+// drain reads ch until it is closed (nil: nothing to read).
+func drain[T any](ch chan T) {
+	if ch != nil {
+		for range ch {
+		}
+	}
+}
+
+// follows: an update about the interface name or index concerns a link.
+func (r *Responder) follows(name string, index int) bool {
+	for _, l := range r.links {
+		l.mu.Lock()
+		s := l.s
+		l.mu.Unlock()
+		if l.name == name || s != nil && s.ifi.Index == index {
+			return true
+		}
+	}
+	return false
+}
+
+// incomplete: a link lacks its interface or one of its protocols, which a
+// new address may bring.
+func (r *Responder) incomplete() bool {
+	for _, l := range r.links {
+		l.mu.Lock()
+		s := l.s
+		l.mu.Unlock()
+		if s == nil || s.arp == nil || s.ndp == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// refresh opens new sockets on every link whose interface is another than
+// its sockets', or has gained an address they lack, and closes those of
+// interfaces that are gone. Only the watcher calls it.
+func (r *Responder) refresh() {
+	for _, l := range r.links {
+		l.mu.Lock()
+		cur := l.s
+		l.mu.Unlock()
+		ifi, err := net.InterfaceByName(l.name)
+		switch {
+		case err != nil:
+			if cur != nil {
+				r.log.Warn("l2: interface gone; answering there again once it is back", "iface", l.name, "err", err)
+				r.swap(l, nil)
+			}
+			continue
+		case cur != nil && cur.ifi.Index == ifi.Index && bytes.Equal(cur.ifi.HardwareAddr, ifi.HardwareAddr) && !gained(cur, ifi):
+			continue
+		}
+		s, err := openSockets(l.name, r.log)
+		if err != nil {
+			if cur != nil {
+				r.swap(l, nil)
+			}
+			continue // an address or the link's coming up will bring us back
+		}
+		r.log.Info("l2: answering on a new incarnation of the interface", "iface", l.name, "index", s.ifi.Index, "mac", s.ifi.HardwareAddr.String(),
+			"arp", s.arp != nil, "ndp", s.ndp != nil)
+		r.swap(l, s)
+		for _, ip := range r.Owned() {
+			announceOn(s, ip, r.log)
+		}
+	}
+}
+
+// gained: ifi has an address for a protocol s has no socket for.
+func gained(s *sockets, ifi *net.Interface) bool {
+	if s.arp != nil && s.ndp != nil {
+		return false
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if n.IP.To4() != nil && s.arp == nil || n.IP.To4() == nil && n.IP.IsLinkLocalUnicast() && s.ndp == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// swap puts s (nil: none) in place of l's sockets, joins the wanted
+// groups on s, starts answering on it and closes the old ones.
+func (r *Responder) swap(l *link, s *sockets) {
+	l.mu.Lock()
+	old := l.s
+	l.s = s
+	if s != nil && s.ndp != nil {
+		for g := range l.groups {
+			if err := s.ndp.JoinGroup(g); err != nil {
+				r.log.Warn("l2: join solicited-node group", "iface", l.name, "group", g, "err", err)
+			}
+		}
+	}
+	l.mu.Unlock()
+	if s != nil {
+		r.serve(s)
+	}
+	if old != nil {
+		old.close()
+	}
 }
 
 func (r *Responder) owns(ip netip.Addr) bool {
@@ -155,15 +400,14 @@ func (r *Responder) join(ip netip.Addr) {
 	if err != nil {
 		return
 	}
-	for _, l := range r.ifaces {
-		if l.ndp == nil {
-			continue
-		}
-		if l.groups[g]++; l.groups[g] == 1 {
-			if err := l.ndp.JoinGroup(g); err != nil {
-				r.log.Warn("l2: join solicited-node group", "iface", l.ifi.Name, "group", g, "err", err)
+	for _, l := range r.links {
+		l.mu.Lock()
+		if l.groups[g]++; l.groups[g] == 1 && l.s != nil && l.s.ndp != nil {
+			if err := l.s.ndp.JoinGroup(g); err != nil {
+				r.log.Warn("l2: join solicited-node group", "iface", l.name, "group", g, "err", err)
 			}
 		}
+		l.mu.Unlock()
 	}
 }
 
@@ -172,82 +416,115 @@ func (r *Responder) leave(ip netip.Addr) {
 	if err != nil {
 		return
 	}
-	for _, l := range r.ifaces {
-		if l.ndp == nil || l.groups[g] == 0 {
-			continue
+	for _, l := range r.links {
+		l.mu.Lock()
+		if l.groups[g] > 0 {
+			if l.groups[g]--; l.groups[g] == 0 {
+				delete(l.groups, g)
+				if l.s != nil && l.s.ndp != nil {
+					_ = l.s.ndp.LeaveGroup(g)
+				}
+			}
 		}
-		if l.groups[g]--; l.groups[g] == 0 {
-			delete(l.groups, g)
-			_ = l.ndp.LeaveGroup(g)
-		}
+		l.mu.Unlock()
 	}
 }
 
 // announce sends a gratuitous ARP / unsolicited NA on every interface.
 func (r *Responder) announce(ip netip.Addr) {
-	for _, l := range r.ifaces {
-		if ip.Is4() && l.arp != nil {
-			p, err := arp.NewPacket(arp.OperationRequest, l.ifi.HardwareAddr, ip, ethernet.Broadcast, ip)
-			if err == nil {
-				err = l.arp.WriteTo(p, ethernet.Broadcast)
-			}
-			if err != nil {
-				r.log.Warn("l2: gratuitous ARP", "iface", l.ifi.Name, "ip", ip, "err", err)
-			}
-		}
-		if ip.Is6() && l.ndp != nil {
-			na := &ndp.NeighborAdvertisement{Override: true, TargetAddress: ip,
-				Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: l.ifi.HardwareAddr}}}
-			if err := l.ndp.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes()); err != nil {
-				r.log.Warn("l2: unsolicited NA", "iface", l.ifi.Name, "ip", ip, "err", err)
-			}
+	for _, l := range r.links {
+		l.mu.Lock()
+		s := l.s
+		l.mu.Unlock()
+		if s != nil {
+			announceOn(s, ip, r.log)
 		}
 	}
 }
 
-func (r *Responder) closed() bool {
+func announceOn(s *sockets, ip netip.Addr, log *slog.Logger) {
+	if ip.Is4() && s.arp != nil {
+		p, err := arp.NewPacket(arp.OperationRequest, s.ifi.HardwareAddr, ip, ethernet.Broadcast, ip)
+		if err == nil {
+			err = s.arp.WriteTo(p, ethernet.Broadcast)
+		}
+		if err != nil {
+			log.Warn("l2: gratuitous ARP", "iface", s.ifi.Name, "ip", ip, "err", err)
+		}
+	}
+	if ip.Is6() && s.ndp != nil {
+		na := &ndp.NeighborAdvertisement{Override: true, TargetAddress: ip,
+			Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: s.ifi.HardwareAddr}}}
+		if err := s.ndp.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes()); err != nil {
+			log.Warn("l2: unsolicited NA", "iface", s.ifi.Name, "ip", ip, "err", err)
+		}
+	}
+}
+
+func (s *sockets) closed() bool {
 	select {
-	case <-r.done:
+	case <-s.closing:
 		return true
 	default:
 		return false
 	}
 }
 
-func (r *Responder) serveARP(l *link) {
-	defer r.wg.Done()
+// readFailed handles a read error that is neither a timeout nor the
+// socket's closing: the interface may be gone (ENETDOWN), so the watcher
+// looks again, and the reader pauses rather than spin.
+func (r *Responder) readFailed(s *sockets, err error) {
+	var oe *net.OpError
+	if !errors.As(err, &oe) {
+		return // a malformed packet
+	}
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case <-s.closing:
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func (r *Responder) serveARP(s *sockets) {
+	defer s.wg.Done()
 	for {
-		p, _, err := l.arp.Read()
+		p, _, err := s.arp.Read()
 		if err != nil {
-			if r.closed() {
+			if s.closed() || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue // not ARP, or malformed
+			r.readFailed(s, err)
+			continue
 		}
 		if p.Operation != arp.OperationRequest || !r.owns(p.TargetIP) {
 			continue
 		}
-		if err := l.arp.Reply(p, l.ifi.HardwareAddr, p.TargetIP); err != nil {
-			r.log.Warn("l2: ARP reply", "iface", l.ifi.Name, "err", err)
+		if err := s.arp.Reply(p, s.ifi.HardwareAddr, p.TargetIP); err != nil {
+			r.log.Warn("l2: ARP reply", "iface", s.ifi.Name, "err", err)
 		}
 	}
 }
 
-func (r *Responder) serveNDP(l *link) {
-	defer r.wg.Done()
+func (r *Responder) serveNDP(s *sockets) {
+	defer s.wg.Done()
 	for {
-		m, _, src, err := l.ndp.ReadFrom()
+		m, _, src, err := s.ndp.ReadFrom()
 		if err != nil {
-			if r.closed() || errors.Is(err, net.ErrClosed) {
+			if s.closed() || errors.Is(err, net.ErrClosed) {
 				return
 			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			r.readFailed(s, err)
 			continue
 		}
 		ns, ok := m.(*ndp.NeighborSolicitation)
@@ -255,14 +532,14 @@ func (r *Responder) serveNDP(l *link) {
 			continue
 		}
 		na := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ns.TargetAddress,
-			Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: l.ifi.HardwareAddr}}}
+			Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: s.ifi.HardwareAddr}}}
 		dst := src
 		if !src.IsValid() || src.IsUnspecified() { // duplicate address detection
 			na.Solicited = false
 			dst = netip.IPv6LinkLocalAllNodes()
 		}
-		if err := l.ndp.WriteTo(na, nil, dst); err != nil {
-			r.log.Warn("l2: NA", "iface", l.ifi.Name, "err", err)
+		if err := s.ndp.WriteTo(na, nil, dst); err != nil {
+			r.log.Warn("l2: NA", "iface", s.ifi.Name, "err", err)
 		}
 	}
 }
@@ -276,15 +553,14 @@ func (r *Responder) Close() {
 	default:
 	}
 	close(r.done)
-	for _, l := range r.ifaces {
-		if l.arp != nil {
-			_ = l.arp.SetReadDeadline(time.Now())
-			_ = l.arp.Close()
-		}
-		if l.ndp != nil {
-			_ = l.ndp.SetReadDeadline(time.Now())
-			_ = l.ndp.Close()
+	r.wg.Wait() // the watcher opens no more sockets
+	for _, l := range r.links {
+		l.mu.Lock()
+		s := l.s
+		l.s = nil
+		l.mu.Unlock()
+		if s != nil {
+			s.close()
 		}
 	}
-	r.wg.Wait()
 }

@@ -26,6 +26,8 @@ type Config struct {
 	// CAFile is a PEM bundle of the CAs trusted to sign the receiver's
 	// certificate instead of the system's (a private CA).
 	CAFile string `json:"caFile,omitempty"`
+	// CA is such a bundle itself (from a LoadBalancerWebhook); CAFile wins.
+	CA []byte `json:"-"`
 	// SecretFile holds the HMAC key (the agent reads it; the DaemonSet
 	// mounts a Secret). Secret is the key itself, for tests.
 	SecretFile string `json:"secretFile,omitempty"`
@@ -146,14 +148,18 @@ func New(cfg Config, log *slog.Logger, onErr func(service string, err error, att
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	pem, from := cfg.CA, "the CA bundle"
 	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
+		b, err := os.ReadFile(cfg.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("webhook: caFile: %w", err)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("webhook: caFile %s holds no PEM certificate", cfg.CAFile)
+		pem, from = b, "caFile "+cfg.CAFile
+	}
+	if len(pem) > 0 {
+		pool, err := certPool(pem, from)
+		if err != nil {
+			return nil, err
 		}
 		tr.TLSClientConfig.RootCAs = pool
 	}
@@ -167,6 +173,32 @@ func New(cfg Config, log *slog.Logger, onErr func(service string, err error, att
 		onOK = func(string) {}
 	}
 	return &Notifier{cfg: cfg, secret: secret, http: client, log: log, onErr: onErr, onOK: onOK, base: context.Background()}, nil
+}
+
+// Check reports what New would refuse in cfg without reading any file:
+// the URL, a CA bundle given inline, and a missing secret (when given
+// inline: Secret without SecretFile).
+func (cfg Config) Check() error {
+	if err := checkURL(cfg); err != nil {
+		return err
+	}
+	if len(cfg.CA) > 0 {
+		if _, err := certPool(cfg.CA, "the CA bundle"); err != nil {
+			return err
+		}
+	}
+	if cfg.SecretFile == "" && cfg.Secret == "" {
+		return fmt.Errorf("webhook: a secret is required to sign requests")
+	}
+	return nil
+}
+
+func certPool(pem []byte, from string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("webhook: %s holds no PEM certificate", from)
+	}
+	return pool, nil
 }
 
 func checkURL(cfg Config) error {

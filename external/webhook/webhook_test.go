@@ -329,10 +329,15 @@ func TestNewChecksURLAndSecret(t *testing.T) {
 		{Config{URL: "https:///x", Secret: "x"}, "no host"},
 		{Config{URL: "https://lb.example/x", Secret: "x"}, ""},
 		{Config{URL: "https://lb.example/x", Secret: "x", CAFile: "/nonexistent/ca.pem"}, "caFile"},
+		{Config{URL: "https://lb.example/x", Secret: "x", CA: []byte("no certificate")}, "the CA bundle holds no PEM certificate"},
 	} {
 		_, err := New(tc.cfg, slog.Default(), nil, nil)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%+v: error %v, want %q", tc.cfg, err, tc.want)
+		}
+		// Check refuses the same, but for the file it does not read.
+		if err := tc.cfg.Check(); tc.cfg.CAFile == "" && (err == nil) != (tc.want == "") {
+			t.Errorf("%+v: Check: %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
 }

@@ -14,9 +14,11 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -138,6 +140,15 @@ func DeployObjects() ([]runtime.Object, error) {
 	if err := yaml.Unmarshal(raw, &k); err != nil {
 		return nil, fmt.Errorf("deploy/base/kustomization.yaml: %w", err)
 	}
+	// client-go's scheme and the CRDs' kind.
+	sch := runtime.NewScheme()
+	if err := scheme.AddToScheme(sch); err != nil {
+		return nil, err
+	}
+	if err := apiextensionsv1.AddToScheme(sch); err != nil {
+		return nil, err
+	}
+	codecs := serializer.NewCodecFactory(sch)
 	var out []runtime.Object
 	for _, f := range k.Resources {
 		b, err := os.ReadFile(filepath.Join(base, f))
@@ -152,7 +163,7 @@ func DeployObjects() ([]runtime.Object, error) {
 			if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
 				continue
 			}
-			o, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
+			o, _, err := codecs.UniversalDeserializer().Decode(js, nil, nil)
 			if err != nil {
 				return nil, fmt.Errorf("deploy/base/%s, document %d: %w", f, i+1, err)
 			}

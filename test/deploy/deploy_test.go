@@ -56,6 +56,11 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		}
 		t.Logf("%s:\n%s", dir, out)
 		for _, want := range []string{"daemonset.apps/onehop ", "deployment.apps/onehop-controller ",
+			"customresourcedefinition.apiextensions.k8s.io/loadbalancerippools.onehop.io ",
+			"customresourcedefinition.apiextensions.k8s.io/bgppeers.onehop.io ",
+			"customresourcedefinition.apiextensions.k8s.io/bgpadvertisements.onehop.io ",
+			"customresourcedefinition.apiextensions.k8s.io/l2advertisements.onehop.io ",
+			"customresourcedefinition.apiextensions.k8s.io/loadbalancerwebhooks.onehop.io ",
 			"validatingadmissionpolicy.admissionregistration.k8s.io/onehop-node-own-lease ",
 			"validatingadmissionpolicybinding.admissionregistration.k8s.io/onehop-node-own-lease "} {
 			if !strings.Contains(out, want) {

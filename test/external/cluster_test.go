@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -169,6 +171,34 @@ func eventIn(t *testing.T, c kubernetes.Interface, ns, name, reason string) stri
 		t.Fatalf("no %s event on %s/%s", reason, ns, name)
 	}
 	return msg
+}
+
+// eventSaying waits for an event of reason on the object ns/name whose
+// message contains each of words, and returns its message.
+func eventSaying(t *testing.T, c kubernetes.Interface, ns, name, reason string, words ...string) string {
+	t.Helper()
+	var seen []string
+	_, ok := waitFor(context.Background(), 30*time.Second, func() bool {
+		evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false
+		}
+		seen = seen[:0]
+		for _, e := range evs.Items {
+			if e.Reason != reason {
+				continue
+			}
+			seen = append(seen, e.Message)
+			if !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(e.Message, w) }) {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no %s event on %s/%s saying %q; those there: %q", reason, ns, name, words, seen)
+	}
+	return seen[len(seen)-1]
 }
 
 // checkNoDoubleAllocation: an IP is in the status of several Services
@@ -334,6 +364,8 @@ func testIPAM(t *testing.T, split bool) {
 type split struct {
 	t  *testing.T
 	cp *cluster.ControlPlane
+	// dir holds the node agents' metrics sockets (metricsSocket).
+	dir string
 }
 
 // splitLeaseNamespace is where deploy/base keeps the hook's Leases.
@@ -346,7 +378,7 @@ func newSplit(t *testing.T, cp *cluster.ControlPlane) *split {
 	if err := cp.ApplyRBAC(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &split{t: t, cp: cp}
+	return &split{t: t, cp: cp, dir: t.TempDir()}
 }
 
 // config makes cfg the split's: node agents run only their part, the Leases
@@ -382,7 +414,12 @@ func (s *split) runController(cfg external.Config, name, node string) (stop func
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := external.NewController(cfg, c, name, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("controller", name))
+	dyn, err := dynamic.NewForConfig(id.Config) // the onehop.io custom resources, with crds
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := external.NewController(cfg, c, name, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("controller", name),
+		external.WithDynamicClient(dyn))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +492,8 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 		t.Fatal(err)
 	}
 	cmd := tp.command(n, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+s.nodeKubeconfig(n), "OHX_NODE="+n)
+	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+s.nodeKubeconfig(n), "OHX_NODE="+n,
+		"OHX_METRICS="+s.metricsSocket(n))
 	logb := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = logb, logb
 	if err := cmd.Start(); err != nil {
@@ -471,6 +509,11 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 	})
 	return cmd
 }
+
+// metricsSocket is where node n's agent (startNodeAgent) serves its
+// metrics: a Unix socket, which the test reaches from its own network
+// namespace.
+func (s *split) metricsSocket(n string) string { return filepath.Join(s.dir, "metrics-"+n+".sock") }
 
 // lockedBuffer is an io.Writer a process's output may be copied into while
 // the test reads it.

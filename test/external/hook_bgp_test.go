@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
 	"github.com/onehop/onehop/portal"
@@ -31,7 +35,8 @@ import (
 // DNAT), so which nodes announce is decided by the cluster state alone.
 // With OHX_MODEL set it reports instead what the agent's own model (package
 // portal, fed by informers, with externalIPCIDRs as --external-ip-cidrs)
-// would have the dataplane program, wired as cmd/agent wires it.
+// would have the dataplane program, wired as cmd/agent wires it. With
+// OHX_METRICS set it serves the hook's metrics on that Unix socket.
 func hookMain(cfgJSON, kubeconfig, node string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var cfg external.Config
@@ -49,13 +54,33 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 		log.Error("client", "err", err)
 		return 2
 	}
-	h, watch, err := newAgentHook(cfg, c, node, log)
+	dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources, with crds
 	if err != nil {
-		log.Error("hook", "err", err)
+		log.Error("dynamic client", "err", err)
 		return 2
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
+	opts := []external.Option{external.WithDynamicClient(dyn)}
+	if sock := os.Getenv("OHX_METRICS"); sock != "" {
+		// The agent's metrics, served on a Unix socket the test (in
+		// another network namespace) can reach.
+		reg := prometheus.NewRegistry()
+		m := dataplane.NewMetrics(reg)
+		_ = os.Remove(sock) // an earlier agent's of this node
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			log.Error("metrics", "err", err)
+			return 2
+		}
+		go func() { _ = m.ServeListener(ctx, ln, reg, false) }()
+		opts = append(opts, external.WithProviderHealth(nil, m))
+	}
+	h, watch, err := newAgentHook(cfg, c, node, log, opts...)
+	if err != nil {
+		log.Error("hook", "err", err)
+		return 2
+	}
 	if os.Getenv("OHX_MODEL") != "" {
 		if err := followModel(ctx, h, c, cfg, node, watch); err != nil {
 			log.Error("model", "err", err)
@@ -82,8 +107,9 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 // under the node agents' RBAC and admission policy; a refused request fails
 // the test. The Local-policy Service gets the VIP; the router's ECMP next
 // hops are exactly the nodes with a ready endpoint; deleting node2's
-// endpoint withdraws node2 (time logged; the issue asks for < 1 s); an
-// agent stopping withdraws.
+// endpoint withdraws node2 (time logged; the issue asks for < 1 s), and
+// the controller puts an IPMoved event on the Service naming the next hops
+// before and after; an agent stopping withdraws.
 func TestBGPHookLocalPolicy(t *testing.T) {
 	lab := newBGPLab(t)
 	lab.add("cp")
@@ -123,9 +149,12 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 	d := lab.waitHops(t, "node2's last local endpoint deleted", "10.0.0.11")
 	t.Logf("Local policy: node2 withdrawn from the router's FIB %v after its last endpoint was deleted (issue target < 1 s; within: %v)",
 		d.Round(time.Millisecond), time.Since(t0) < time.Second)
+	// The controller says so on the Service.
+	eventSaying(t, c, "default", "web", "IPMoved", vip+": BGP next hops now node1, were node1, node2")
 
 	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
 	lab.waitHops(t, "node2 back", "10.0.0.11", "10.0.0.12")
+	eventSaying(t, c, "default", "web", "IPMoved", vip+": BGP next hops now node1, node2, were node1")
 	t0 = time.Now()
 	_ = agents["node2"].Process.Signal(syscall.SIGTERM)
 	lab.waitHops(t, "node2's agent stops", "10.0.0.11")

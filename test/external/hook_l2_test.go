@@ -19,7 +19,8 @@ import (
 // TestL2HookTakeover: agents (Hook with the l2 provider and liveness
 // Leases) on node1 and node2, the control plane and a client on the same
 // bridge. The owner answers; its agent is killed without a goodbye; the
-// other node takes over when the owner's Lease expires. The takeover time
+// other node takes over when the owner's Lease expires, and the Service gets
+// an IPMoved event naming both. The takeover time
 // (kill -> client's neighbour entry moved) is logged; the issue wishes for
 // < 3 s, the test only bounds it generously.
 //
@@ -137,4 +138,6 @@ func l2HookTakeover(t *testing.T, how string, separate bool, fail func(lab *topo
 	if got, err := lab.get("client", vip+":80"); err != nil || !strings.HasPrefix(got, pod[other]) {
 		t.Fatalf("after takeover (%s): %q, %v; want %s", how, got, err, pod[other])
 	}
+	// The Service says where its address went, and from where.
+	eventSaying(t, c, "default", "web", "IPMoved", vip+" moved to node "+other, "from node "+owner)
 }

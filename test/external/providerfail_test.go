@@ -32,7 +32,9 @@ import (
 // /metrics, the error in its /healthz detail, which stays 200 (the
 // dataplane serves). Once the secret file is written the provider starts
 // on its next try: a ProviderRecovered event, the gauge at 1, the detail
-// gone, and the webhook delivers signed payloads.
+// gone, and the webhook delivers signed payloads; the hook's metrics show
+// the pools' addresses in use and in all, the webhook's requests by
+// outcome and the IPs it sent.
 func TestProviderFailsLoudly(t *testing.T) {
 	needs(t)
 	tp := newTopo(t)
@@ -105,9 +107,59 @@ func TestProviderFailsLoudly(t *testing.T) {
 	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2"})
 	rcv.waitNodes(t, "default/web", "node1")
 	rcv.mu.Lock()
-	defer rcv.mu.Unlock()
-	if rcv.bad > 0 {
-		t.Errorf("the receiver rejected %d requests", rcv.bad)
+	bad := rcv.bad
+	rcv.mu.Unlock()
+	if bad > 0 {
+		t.Errorf("the receiver rejected %d requests", bad)
+	}
+
+	// The hook's metrics of the leader: the pools' addresses (one of
+	// main's three in use, none of manual's two), the webhook's requests
+	// and the IPs it sent.
+	for series, want := range map[string]string{
+		`onehop_allocator_addresses_in_use_total{pool="main"}`:   "1",
+		`onehop_allocator_addresses_total{pool="main"}`:          "3",
+		`onehop_allocator_addresses_in_use_total{pool="manual"}`: "0",
+		`onehop_allocator_addresses_total{pool="manual"}`:        "2",
+		`onehop_announced_ips{provider="webhook"}`:               "1",
+		`onehop_webhook_requests_total{outcome="rejected"}`:      "0",
+	} {
+		if _, ok := waitFor(ctx, 10*time.Second, func() bool { return scrape(t, metricsURL, series) == want }); !ok {
+			t.Errorf("%s = %q, want %s", series, scrape(t, metricsURL, series), want)
+		}
+	}
+	if v := scrape(t, metricsURL, `onehop_webhook_requests_total{outcome="success"}`); v == "" || v == "0" {
+		t.Errorf(`onehop_webhook_requests_total{outcome="success"} = %q after a delivery, want at least 1`, v)
+	}
+	// A receiver that answers 503 counts as rejected; it is retried until
+	// it takes the state.
+	success := scrape(t, metricsURL, `onehop_webhook_requests_total{outcome="success"}`)
+	rcv.setFailing(true)
+	setEndpoints(t, c, "web", map[string]string{})
+	if _, ok := waitFor(ctx, 10*time.Second, func() bool {
+		v := scrape(t, metricsURL, `onehop_webhook_requests_total{outcome="rejected"}`)
+		return v != "" && v != "0"
+	}); !ok {
+		t.Errorf("no rejected request counted while the receiver answers 503")
+	}
+	rcv.setFailing(false)
+	if _, ok := waitFor(ctx, 10*time.Second, func() bool {
+		return scrape(t, metricsURL, `onehop_webhook_requests_total{outcome="success"}`) != success
+	}); !ok {
+		t.Errorf("the retry after the receiver recovered was not counted a success")
+	}
+	if v := scrape(t, metricsURL, `onehop_webhook_requests_total{outcome="unreachable"}`); v != "0" {
+		t.Errorf(`onehop_webhook_requests_total{outcome="unreachable"} = %q, want 0: the receiver always answered`, v)
+	}
+
+	// A second Service takes another of main's addresses.
+	createLB(t, c, "api", 81)
+	lbIPs(t, c, "api", "allocation", some)
+	if _, ok := waitFor(ctx, 10*time.Second, func() bool {
+		return scrape(t, metricsURL, `onehop_allocator_addresses_in_use_total{pool="main"}`) == "2"
+	}); !ok {
+		t.Errorf("onehop_allocator_addresses_in_use_total{pool=\"main\"} = %q after a second Service, want 2",
+			scrape(t, metricsURL, `onehop_allocator_addresses_in_use_total{pool="main"}`))
 	}
 }
 

@@ -181,7 +181,13 @@ func selfSignedTLS(t *testing.T) (tls.Certificate, string) {
 // lease returns the allocator Lease's holder and webhook term.
 func lease(t *testing.T, c kubernetes.Interface) (string, uint64) {
 	t.Helper()
-	l, err := c.CoordinationV1().Leases("default").Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	return leaseIn(t, c, "default")
+}
+
+// leaseIn is lease of the Lease in namespace ns.
+func leaseIn(t *testing.T, c kubernetes.Interface, ns string) (string, uint64) {
+	t.Helper()
+	l, err := c.CoordinationV1().Leases(ns).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

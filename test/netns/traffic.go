@@ -20,11 +20,18 @@ const pollGap = 20 * time.Millisecond
 // WaitBackends sends fresh requests (new connection, new source port each)
 // from namespace from to proto addr until it has a streak of answers coming
 // only from want in which every pod of want answered. It returns the time
-// from since (the API change) to the moment, within that streak, when the
-// last pod of want had answered: the programming latency as traffic sees it
-// (it includes the few requests random endpoint choice needs to reach every
-// pod).
+// from since (the API change) to the start of the request, within that
+// streak, that the last pod of want answered: the programming latency as
+// traffic sees it (it includes the few requests random endpoint choice
+// needs to reach every pod), to within the pause between requests.
 func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, since time.Time) (time.Duration, error) {
+	return WaitBackendsEvery(ctx, from, proto, addr, want, since, pollGap)
+}
+
+// WaitBackendsEvery is WaitBackends pausing gap between requests that
+// reach the wrong pod or fail: a shorter gap measures the latency more
+// finely, for more requests.
+func WaitBackendsEvery(ctx context.Context, from, proto, addr string, want []*Pod, since time.Time, gap time.Duration) (time.Duration, error) {
 	if len(want) == 0 {
 		return WaitUnserved(ctx, from, proto, addr, since)
 	}
@@ -42,6 +49,7 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 		last   string
 	)
 	for {
+		began := time.Now()
 		rep, err := nsutil.Request(ctx, from, proto, addr)
 		switch {
 		case err != nil:
@@ -55,7 +63,7 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 			streak++
 			seen[rep.Name]++
 			if len(seen) == len(want) && all.IsZero() {
-				all = time.Now()
+				all = began
 			}
 			if streak >= need && !all.IsZero() {
 				return all.Sub(since), nil
@@ -66,7 +74,7 @@ func WaitBackends(ctx context.Context, from, proto, addr string, want []*Pod, si
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%s %s from %s: no steady answers from %s within %v: last: %s (streak %d, seen %v)",
 				proto, addr, from, names(want), ConvergeTimeout, last, streak, seen)
-		case <-time.After(pollGap):
+		case <-time.After(gap):
 		}
 	}
 }

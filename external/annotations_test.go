@@ -1,0 +1,124 @@
+package external
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// MetalLB's annotations mean what onehop's do; onehop's win, and the newer
+// metallb.io spelling wins over metallb.universe.tf.
+func TestMetalLBAnnotationAliases(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		ann        map[string]string
+		ips        []string
+		pool, key  string
+		overridden []string
+		err        string
+	}{
+		{name: "metallb.io alone",
+			ann: map[string]string{"metallb.io/loadBalancerIPs": "192.0.2.1,2001:db8::1", "metallb.io/address-pool": "p", "metallb.io/allow-shared-ip": "k"},
+			ips: []string{"192.0.2.1", "2001:db8::1"}, pool: "p", key: "k"},
+		{name: "metallb.universe.tf alone",
+			ann: map[string]string{"metallb.universe.tf/loadBalancerIPs": "192.0.2.2", "metallb.universe.tf/address-pool": "old", "metallb.universe.tf/allow-shared-ip": "k2"},
+			ips: []string{"192.0.2.2"}, pool: "old", key: "k2"},
+		{name: "onehop's wins",
+			ann: map[string]string{AnnotationLoadBalancerIPs: "192.0.2.3", "metallb.io/loadBalancerIPs": "192.0.2.4",
+				AnnotationAddressPool: "mine", "metallb.io/address-pool": "theirs", "metallb.universe.tf/address-pool": "mine"},
+			ips: []string{"192.0.2.3"}, pool: "mine",
+			overridden: []string{
+				`annotation metallb.io/loadBalancerIPs="192.0.2.4" is ignored: onehop.io/load-balancer-ips="192.0.2.3" wins`,
+				`annotation metallb.io/address-pool="theirs" is ignored: onehop.io/address-pool="mine" wins`,
+			}},
+		{name: "agreeing up to spaces is no conflict",
+			ann: map[string]string{AnnotationLoadBalancerIPs: "192.0.2.5, 2001:db8::5", "metallb.io/loadBalancerIPs": "192.0.2.5,2001:db8::5",
+				AnnotationAllowSharedIP: "k", "metallb.io/allow-shared-ip": " k "},
+			ips: []string{"192.0.2.5", "2001:db8::5"}, key: "k"},
+		{name: "metallb.io over metallb.universe.tf",
+			ann:        map[string]string{"metallb.io/allow-shared-ip": "new", "metallb.universe.tf/allow-shared-ip": "old"},
+			key:        "new",
+			overridden: []string{`annotation metallb.universe.tf/allow-shared-ip="old" is ignored: metallb.io/allow-shared-ip="new" wins`}},
+		{name: "a bad alias is named in the error",
+			ann: map[string]string{"metallb.io/loadBalancerIPs": "192.0.2.300"},
+			err: "annotation metallb.io/loadBalancerIPs: "},
+		{name: "an empty alias is an error, as onehop's is",
+			ann: map[string]string{"metallb.io/loadBalancerIPs": " , "},
+			err: "annotation metallb.io/loadBalancerIPs is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := lbService("x", false)
+			s.Annotations = tc.ann
+			req, err := requestFor(s)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ips []string
+			for _, a := range req.Requested {
+				ips = append(ips, a.String())
+			}
+			if !slices.Equal(ips, tc.ips) || req.Pool != tc.pool || req.SharingKey != tc.key {
+				t.Errorf("requested %v pool %q key %q, want %v %q %q", ips, req.Pool, req.SharingKey, tc.ips, tc.pool, tc.key)
+			}
+			if got := overriddenAliases(s); !slices.Equal(got, tc.overridden) {
+				t.Errorf("overridden:\n got %q\nwant %q", got, tc.overridden)
+			}
+		})
+	}
+}
+
+// The allocator tells a Service whose MetalLB annotation it ignores, and
+// allocates what onehop's annotation asks.
+func TestAllocatorEventsOverriddenAlias(t *testing.T) {
+	cfg, err := Config{Pools: []PoolConfig{{Name: "p", Addresses: []string{"192.0.2.0/24"}}}}.parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := lbService("web", false)
+	s.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.10", "metallb.io/loadBalancerIPs": "192.0.2.11"}
+	client := fake.NewClientset(s)
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(s); err != nil {
+		t.Fatal(err)
+	}
+	rec := record.NewFakeRecorder(10)
+	a, err := newAllocator(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.sync(context.Background(), keyOf(s)); err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for len(rec.Events) > 0 {
+		events = append(events, <-rec.Events)
+	}
+	want := []string{
+		`Warning AnnotationIgnored annotation metallb.io/loadBalancerIPs="192.0.2.11" is ignored: onehop.io/load-balancer-ips="192.0.2.10" wins`,
+		"Normal IPAllocated load-balancer IPs [192.0.2.10]",
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events:\n got %q\nwant %q", events, want)
+	}
+	got, err := client.CoreV1().Services(s.Namespace).Get(context.Background(), s.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ips := statusIPs(got); len(ips) != 1 || ips[0].String() != "192.0.2.10" {
+		t.Errorf("status %v, want [192.0.2.10]", ips)
+	}
+}

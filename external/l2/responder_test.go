@@ -1,0 +1,213 @@
+package l2
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ndp"
+
+	"github.com/onehop/onehop/test/nsutil"
+)
+
+// TestMain doubles as a responder process: a test re-executes its own
+// binary inside a namespace with OHL2_RESPOND set, so that the responder,
+// and every socket it opens later, lives in that namespace (a namespace is
+// per thread; the responder's goroutines are not).
+func TestMain(m *testing.M) {
+	if iface := os.Getenv("OHL2_RESPOND"); iface != "" {
+		os.Exit(responderMain(iface, os.Getenv("OHL2_IPS")))
+	}
+	os.Exit(m.Run())
+}
+
+// responderMain answers for ips on iface until stdin closes.
+func responderMain(iface, ips string) int {
+	r, err := NewResponder([]string{iface}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		fmt.Println("err", err)
+		return 2
+	}
+	var owned []netip.Addr
+	for _, s := range strings.Split(ips, ",") {
+		owned = append(owned, netip.MustParseAddr(s))
+	}
+	r.Set(owned)
+	fmt.Println("ok")
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	r.Close()
+	return 0
+}
+
+const (
+	vip4 = "203.0.113.9"
+	vip6 = "2001:db8:9::9"
+)
+
+// TestResponderFollowsRecreatedInterface: the interface the responder
+// answers on is deleted and created again under its name (a new index and
+// MAC address, its addresses added after it appears, as when a bond or
+// VLAN is rebuilt); ARP and NDP requests from a neighbour are answered
+// again, with the new MAC address.
+func TestResponderFollowsRecreatedInterface(t *testing.T) {
+	node, peer := nsutil.New(t, "l2n-"), nsutil.New(t, "l2p-")
+	wire := func() {
+		nsutil.Veth(t, node, "eth0", []string{"10.77.0.1/24", "fd00:77::1/64"}, peer, "eth0", []string{"10.77.0.2/24", "fd00:77::2/64"})
+	}
+	wire()
+
+	cmd := node.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "OHL2_RESPOND=eth0", "OHL2_IPS="+vip4+","+vip6)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		done := make(chan error)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("responder: %v", err) // the race detector's exit status, say
+			}
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Error("the responder did not stop when asked")
+		}
+		if t.Failed() {
+			t.Logf("responder log:\n%s", stderr.String())
+		}
+	})
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ok\n" {
+		t.Fatalf("responder: %q\n%s", line, stderr.String())
+	}
+
+	answered := func(what string) {
+		t.Helper()
+		want := macOf(t, node, "eth0")
+		var got4, got6 string
+		var err4, err6 error
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			got4, err4 = askARP(peer, vip4)
+			got6, err6 = askNDP(peer, vip6)
+			if got4 == want && got6 == want {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Fatalf("%s: ARP for %s answered by %q (%v), NDP for %s by %q (%v); want %s", what, vip4, got4, err4, vip6, got6, err6, want)
+	}
+	answered("at start")
+	before := macOf(t, node, "eth0")
+
+	node.IP(t, "link", "del", "eth0") // takes the peer's end with it
+	wire()
+	if macOf(t, node, "eth0") == before {
+		t.Fatal("the new veth has the old MAC address: the test could not tell the interfaces apart")
+	}
+	answered("after the interface was recreated")
+}
+
+func macOf(t *testing.T, n *nsutil.NS, iface string) string {
+	t.Helper()
+	var mac string
+	err := n.Do(func() error {
+		ifi, err := net.InterfaceByName(iface)
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mac
+}
+
+// askARP asks, from n's eth0, who has ip, and returns the MAC address of
+// the answer.
+func askARP(n *nsutil.NS, ip string) (string, error) {
+	var c *arp.Client
+	err := n.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	mac, err := c.Resolve(netip.MustParseAddr(ip))
+	if err != nil {
+		return "", err
+	}
+	return mac.String(), nil
+}
+
+// askNDP sends, from n's eth0, a neighbour solicitation for ip, and
+// returns the target MAC address of the advertisement that answers it. It
+// runs inside n throughout: the interface zone of each address is
+// resolved by name.
+func askNDP(n *nsutil.NS, ip string) (mac string, err error) {
+	err = n.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		byIndex := *ifi // Go's cache of interface names would name the deleted one
+		byIndex.Name = strconv.Itoa(ifi.Index)
+		c, _, err := ndp.Listen(&byIndex, ndp.LinkLocal)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		target := netip.MustParseAddr(ip)
+		group, err := ndp.SolicitedNodeMulticast(target)
+		if err != nil {
+			return err
+		}
+		ns := &ndp.NeighborSolicitation{TargetAddress: target,
+			Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr}}}
+		if err := c.WriteTo(ns, nil, group); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		for {
+			m, _, _, err := c.ReadFrom()
+			if err != nil {
+				return err
+			}
+			na, ok := m.(*ndp.NeighborAdvertisement)
+			if !ok || na.TargetAddress != target {
+				continue
+			}
+			for _, o := range na.Options {
+				if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target {
+					mac = lla.Addr.String()
+					return nil
+				}
+			}
+			return errors.New("an advertisement without a target link-layer address")
+		}
+	})
+	return mac, err
+}
