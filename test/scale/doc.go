@@ -17,6 +17,12 @@
 //     answers again: a rebooted node;
 //   - the full sync's own duration (kubeproxy_sync_full_proxy_rules_duration_seconds).
 //
+// With ONEHOP_SCALE_PRELOAD=1 (`make bench-e2e` from 50k Services) the
+// objects are written while no agent runs, and the nodes then join: the
+// figures are node 1's start until the Service created last answers, and
+// its CPU until then, instead of the storm of writes; kube-proxy starts
+// once they are written, too.
+//
 // In `make test` it runs small (ONEHOP_SCALE_SERVICES, default 300) and
 // proves correctness: no failed connection, every flip followed. `make
 // bench-e2e` runs it at 10k and 50k Services and appends the figures, with
