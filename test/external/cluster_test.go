@@ -59,6 +59,21 @@ func (tp *topo) startControlPlane(n, address string) (*cluster.ControlPlane, kub
 	return cp, c
 }
 
+// twoNodeCluster puts the control plane in a namespace "cp" at 10.0.0.2
+// on sw's bridge br0, and registers node1 (10.0.0.11) and node2
+// (10.0.0.12) as ready Nodes: the two-node segment most hook tests use.
+func (tp *topo) twoNodeCluster(sw string) (*cluster.ControlPlane, kubernetes.Interface) {
+	tp.t.Helper()
+	tp.add("cp")
+	tp.veth(sw, "vcp", "cp", "eth0")
+	tp.ip(sw, "link", "set", "vcp", "master", "br0")
+	tp.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
+	cp, c := tp.startControlPlane("cp", "10.0.0.2")
+	createReadyNode(tp.t, c, "node1", "10.0.0.11")
+	createReadyNode(tp.t, c, "node2", "10.0.0.12")
+	return cp, c
+}
+
 // runHook runs node's external.Hook and model informers, wired as
 // `agent run` wires them (newAgentHook), until the test ends; the returned
 // stop function ends them early (a clean agent stop).
@@ -543,13 +558,7 @@ func (l *lockedBuffer) String() string {
 // the Lease would have expired. Any refused request fails the test.
 func TestL2SplitNodesOwnTheirLeases(t *testing.T) {
 	lab := newL2Lab(t)
-	lab.add("cp")
-	lab.veth("sw", "vcp", "cp", "eth0")
-	lab.ip("sw", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("sw")
 	sp := newSplit(t, cp)
 	cfg := sp.config(external.Config{
 		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},

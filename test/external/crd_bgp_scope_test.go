@@ -60,13 +60,7 @@ func birdLog(t *testing.T, log string, from int) (string, int) {
 func TestCRDBGPChangesStayInScope(t *testing.T) {
 	const vipA, vipA2, vipB = vip, "203.0.113.11", "203.0.113.20"
 	lab := newBGPLab(t)
-	lab.add("cp")
-	lab.veth("router", "vcp", "cp", "eth0")
-	lab.ip("router", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("router")
 	log := lab.traceRoutes(t)
 
 	cr := installCRDs(t, cp)

@@ -138,13 +138,7 @@ func setSecret(t *testing.T, c kubernetes.Interface, name, key, value string) {
 // an IPMoved event for its next hops.
 func TestCRDBGPPeerFromSecret(t *testing.T) {
 	lab := newBGPLab(t)
-	lab.add("cp")
-	lab.veth("router", "vcp", "cp", "eth0")
-	lab.ip("router", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("router")
 	lab.requirePassword(t, "s3cret")
 	secondEstablished := lab.startSecondRouter(t, "s3cret")
 

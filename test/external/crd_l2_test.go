@@ -22,13 +22,7 @@ import (
 // restart.
 func TestCRDL2Advertisement(t *testing.T) {
 	lab := newL2Lab(t)
-	lab.add("cp")
-	lab.veth("sw", "vcp", "cp", "eth0")
-	lab.ip("sw", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("sw")
 	owner := l2.Owner(netip4(vip), []string{"node1", "node2"})
 	picked := map[string]string{"node1": "node2", "node2": "node1"}[owner]
 	if _, err := c.CoreV1().Nodes().Patch(context.Background(), picked, types.MergePatchType,

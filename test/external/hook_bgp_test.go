@@ -112,13 +112,7 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 // before and after; an agent stopping withdraws.
 func TestBGPHookLocalPolicy(t *testing.T) {
 	lab := newBGPLab(t)
-	lab.add("cp")
-	lab.veth("router", "vcp", "cp", "eth0")
-	lab.ip("router", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("router")
 
 	sp := newSplit(t, cp)
 	cfg := sp.config(external.Config{

@@ -61,13 +61,7 @@ func TestL2HookVethDeleted(t *testing.T) {
 // takes the owner out.
 func l2HookTakeover(t *testing.T, how string, separate bool, fail func(lab *topo, owner string, kill func())) {
 	lab := newL2Lab(t)
-	lab.add("cp")
-	lab.veth("sw", "vcp", "cp", "eth0")
-	lab.ip("sw", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("sw")
 	cfg := external.Config{
 		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		LeaseNamespace: "default",

@@ -34,13 +34,7 @@ import (
 // RBAC, and a refused request fails the test.
 func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	lab := newBGPLab(t)
-	lab.add("cp")
-	lab.veth("router", "vcp", "cp", "eth0")
-	lab.ip("router", "link", "set", "vcp", "master", "br0")
-	lab.ip("cp", "addr", "add", "10.0.0.2/24", "dev", "eth0")
-	cp, c := lab.startControlPlane("cp", "10.0.0.2")
-	createReadyNode(t, c, "node1", "10.0.0.11")
-	createReadyNode(t, c, "node2", "10.0.0.12")
+	cp, c := lab.twoNodeCluster("router")
 	for _, ns := range []string{"team-a", "team-b"} {
 		if _, err := c.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
