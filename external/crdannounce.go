@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/onehop/onehop/external/bgp"
 )
 
 // adRule is an accepted BGPAdvertisement or L2Advertisement: which
@@ -18,6 +20,35 @@ type adRule struct {
 	nodes      []labels.Selector
 	interfaces []string
 	pattern    string
+	// route is what a BGP advertisement puts on its routes.
+	route routeAttrs
+}
+
+// routeAttrs are a BGPAdvertisement's route attributes: the prefix
+// lengths an address is announced with (agg4 and agg6; 0 stands for the
+// address alone), and the communities and LOCAL_PREF.
+type routeAttrs struct {
+	agg4, agg6  int
+	communities []uint32
+	large       []bgp.LargeCommunity
+	localPref   *uint32
+}
+
+// aggregates reports whether the attributes announce some address as a
+// prefix wider than itself.
+func (r *routeAttrs) aggregates() bool {
+	return (r.agg4 != 0 && r.agg4 != 32) || (r.agg6 != 0 && r.agg6 != 128)
+}
+
+// of is the route of ip under the attributes.
+func (r *routeAttrs) of(ip netip.Addr) bgp.Route {
+	ip = ip.Unmap()
+	bits := ip.BitLen()
+	if l := map[bool]int{false: r.agg4, true: r.agg6}[ip.Is6()]; l != 0 {
+		bits = l
+	}
+	return bgp.Route{Prefix: netip.PrefixFrom(ip, bits).Masked(), Communities: r.communities,
+		LargeCommunities: r.large, LocalPref: r.localPref}
 }
 
 // adRules are the accepted advertisements of each kind. No advertisement
@@ -68,6 +99,24 @@ func (a *announcer) allows(ads []adRule, ip netip.Addr, node string) bool {
 		}
 	}
 	return false
+}
+
+// bgpRoutes are the routes node announces for ip over BGP: one per
+// advertisement that picks both (SetRoutes merges those of one prefix),
+// the host route with no attributes when there is no advertisement, and
+// none when advertisements exist and none picks the pair.
+func (a *announcer) bgpRoutes(ip netip.Addr, node string) []bgp.Route {
+	if a == nil || a.rules == nil || len(a.rules.bgp) == 0 {
+		return []bgp.Route{bgp.HostRoute(ip)}
+	}
+	pool, nl := a.poolOf(ip), a.nodeLabels(node)
+	var out []bgp.Route
+	for i := range a.rules.bgp {
+		if r := &a.rules.bgp[i]; r.selectsNode(nl) && r.selectsAddress(pool, a.rules.poolLabels) {
+			out = append(out, r.route.of(ip))
+		}
+	}
+	return out
 }
 
 // bgpAllows reports whether node may announce ip over BGP.

@@ -175,7 +175,16 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 	for _, o := range oldestFirst(in.bgpAds) {
 		v := verdict{kind: kindBGPAd, name: o.Name, uid: o.UID, generation: o.Generation}
 		r, err := newAdRule(o.Name, o.Spec.PoolSelection, o.Spec.NodeSelectors, nil, "")
-		try := func(r adRule) error { out.ads.bgp = append(out.ads.bgp, r); return nil }
+		if err == nil {
+			r.route, err = bgpRouteAttrs(&o.Spec)
+		}
+		try := func(r adRule) error {
+			if err := r.aggregationFits(out.cfg.Pools, out.ads.poolLabels); err != nil {
+				return fmt.Errorf("aggregation: %w", err)
+			}
+			out.ads.bgp = append(out.ads.bgp, r)
+			return nil
+		}
 		if r, ok := decide(&v, r, err, mem.bgpAds, try); ok {
 			next.bgpAds[o.UID] = r
 		}
@@ -344,4 +353,67 @@ func newAdRule(name string, ps v1alpha1.PoolSelection, nodes []metav1.LabelSelec
 		r.pattern = pattern
 	}
 	return r, nil
+}
+
+// bgpRouteAttrs checks a BGPAdvertisement's route attributes.
+func bgpRouteAttrs(spec *v1alpha1.BGPAdvertisementSpec) (routeAttrs, error) {
+	var r routeAttrs
+	for _, l := range []struct {
+		name string
+		v    *int32
+		max  int
+		dst  *int
+	}{{"aggregationLength", spec.AggregationLength, 32, &r.agg4}, {"aggregationLengthV6", spec.AggregationLengthV6, 128, &r.agg6}} {
+		if l.v == nil {
+			continue
+		}
+		if *l.v < 1 || int(*l.v) > l.max {
+			return r, fmt.Errorf("%s %d: want 1 to %d", l.name, *l.v, l.max)
+		}
+		*l.dst = int(*l.v)
+	}
+	if r.aggregates() && len(spec.IPAddressPools) == 0 && len(spec.IPAddressPoolSelectors) == 0 {
+		return r, errors.New("aggregationLength needs ipAddressPools or ipAddressPoolSelectors: without them the advertisement picks addresses outside every pool too, whose prefixes onehop cannot vouch for")
+	}
+	var err error
+	if r.communities, r.large, err = bgp.ParseCommunities(spec.Communities); err != nil {
+		return r, err
+	}
+	if spec.LocalPref != nil {
+		lp := *spec.LocalPref
+		r.localPref = &lp
+	}
+	return r, nil
+}
+
+// aggregationFits checks that every pool the advertisement picks is made
+// of whole prefixes of its aggregation lengths: a router sends the whole
+// announced prefix to the node, and an address in it outside the pool
+// could be another tenant's, or nobody's.
+func (r *adRule) aggregationFits(pools []PoolConfig, poolLabels map[string]labels.Set) error {
+	if !r.route.aggregates() {
+		return nil
+	}
+	for _, pc := range pools {
+		if !r.selectsAddress(pc.Name, poolLabels) {
+			continue
+		}
+		for _, a := range pc.Addresses {
+			rg, err := ipam.ParseRange(a)
+			if err != nil {
+				continue // the pool itself is refused for it
+			}
+			bits := r.route.agg4
+			if rg.First.Is6() {
+				bits = r.route.agg6
+			}
+			if bits == 0 {
+				continue
+			}
+			if !rg.Aligned(bits) {
+				return fmt.Errorf("pool %q's addresses %s are not whole /%d prefixes: the announced prefix would take in addresses outside the pool", pc.Name, a, bits)
+			}
+		}
+	}
+	return nil
 }

@@ -285,3 +285,68 @@ func TestAnnouncer(t *testing.T) {
 		}
 	}
 }
+
+// A BGPAdvertisement's attributes go on the routes of the addresses it
+// picks: aggregated to its prefix lengths, with its communities and
+// LOCAL_PREF; two advertisements of one address give two routes, one per
+// prefix. An aggregation that a picked pool is not made of whole prefixes
+// of, or that picks addresses outside pools, is Invalid and leaves the
+// last good version (here: none) in force; bad communities likewise.
+func TestBGPRouteAttributes(t *testing.T) {
+	aligned := testPool("aligned", 1, "192.0.2.0/26", "2001:db8:1::/120")
+	ragged := testPool("ragged", 2, "198.51.100.1-198.51.100.62")
+	lp := uint32(200)
+	agg := func(name string, age int, l4, l6 int32, pools ...string) *v1alpha1.BGPAdvertisement {
+		return &v1alpha1.BGPAdvertisement{ObjectMeta: meta(name, age), Spec: v1alpha1.BGPAdvertisementSpec{
+			PoolSelection: v1alpha1.PoolSelection{IPAddressPools: pools}, AggregationLength: &l4, AggregationLengthV6: &l6}}
+	}
+	tagged := &v1alpha1.BGPAdvertisement{ObjectMeta: meta("tagged", 1), Spec: v1alpha1.BGPAdvertisementSpec{
+		PoolSelection: v1alpha1.PoolSelection{IPAddressPools: []string{"aligned", "ragged"}},
+		LocalPref:     &lp, Communities: []string{"65000:100", "no-export", "large:64512:1:2", "65000:100"}}}
+	ads := []*v1alpha1.BGPAdvertisement{
+		tagged,
+		agg("wide", 2, 26, 120, "aligned"),
+		agg("toowide", 3, 24, 128, "aligned"),
+		agg("ragged", 4, 26, 128, "ragged"),
+		agg("nopools", 5, 26, 128),
+		{ObjectMeta: meta("badcommunity", 6), Spec: v1alpha1.BGPAdvertisementSpec{Communities: []string{"65536:1"}}},
+	}
+	c, _ := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{aligned, ragged}, bgpAds: ads}, crdMemory{})
+	wantInvalid(t, c, kindBGPAd, "toowide", `pool "aligned"'s addresses 192.0.2.0/26 are not whole /24 prefixes`)
+	wantInvalid(t, c, kindBGPAd, "ragged", `pool "ragged"'s addresses 198.51.100.1-198.51.100.62 are not whole /26 prefixes`)
+	wantInvalid(t, c, kindBGPAd, "nopools", "aggregationLength needs ipAddressPools")
+	wantInvalid(t, c, kindBGPAd, "badcommunity", `community "65536:1"`)
+	for _, ok := range []string{"tagged", "wide"} {
+		if v := verdictOf(t, c, kindBGPAd, ok); v.err != nil {
+			t.Errorf("%s: %v", ok, v.err)
+		}
+	}
+	p, err := c.forNode(nil).parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	an := p.announcer(func(string) labels.Set { return labels.Set{} })
+	for _, tc := range []struct {
+		ip   string
+		want []string
+	}{
+		{"192.0.2.7", []string{
+			"192.0.2.7/32 communities 65000:100,no-export,large:64512:1:2 localPref 200",
+			"192.0.2.0/26",
+		}},
+		{"2001:db8:1::9", []string{
+			"2001:db8:1::9/128 communities 65000:100,no-export,large:64512:1:2 localPref 200",
+			"2001:db8:1::/120",
+		}},
+		{"198.51.100.9", []string{"198.51.100.9/32 communities 65000:100,no-export,large:64512:1:2 localPref 200"}},
+		{"203.0.113.1", nil}, // in no pool, and every advertisement names pools
+	} {
+		var got []string
+		for _, r := range an.bgpRoutes(netip.MustParseAddr(tc.ip), "node1") {
+			got = append(got, r.String())
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("routes of %s:\n got %q\nwant %q", tc.ip, got, tc.want)
+		}
+	}
+}

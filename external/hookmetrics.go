@@ -17,7 +17,7 @@ import (
 // announcing is a provider that can say how many IPs it announces now.
 type announcing interface{ announced() int }
 
-func (p *bgpProvider) announced() int     { return len(p.sp.Announced()) }
+func (p *bgpProvider) announced() int     { return p.ips }
 func (p *l2Provider) announced() int      { return len(p.r.Owned()) }
 func (p *webhookProvider) announced() int { return p.sent }
 
@@ -30,8 +30,8 @@ func (h *Hook) observeAnnounced(p Provider) {
 	}
 	n := a.announced()
 	h.phealth.metrics.Announced(p.Name(), n)
-	if _, ok := p.(*bgpProvider); ok {
-		h.bgpPeers.setAnnounced(h.phealth.metrics, n)
+	if b, ok := p.(*bgpProvider); ok {
+		h.bgpPeers.setAnnounced(h.phealth.metrics, len(b.sp.Announced())) // prefixes, aggregates included
 	}
 }
 

@@ -16,10 +16,12 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/bgp"
 )
 
 // MetalLB's custom resources, as far as ConvertMetalLB reads them: the
@@ -470,23 +472,63 @@ func (cv *metalLBConverter) bgpAd(o mlbObject) *ConvertedObject {
 	if !cv.decode(o, &a) {
 		return nil
 	}
-	if l := a.AggregationLength; l != nil && *l != 32 {
-		cv.warn(o, "aggregationLength %d: onehop announces each address as a /32", *l)
-	}
-	if l := a.AggregationLengthV6; l != nil && *l != 128 {
-		cv.warn(o, "aggregationLengthV6 %d: onehop announces each address as a /128", *l)
-	}
-	if a.LocalPref != nil {
-		cv.warn(o, "localPref %d: onehop sets no local preference", *a.LocalPref)
-	}
-	if len(a.Communities) > 0 {
-		cv.warn(o, "communities %v: onehop attaches no communities", a.Communities)
+	spec := v1alpha1.BGPAdvertisementSpec{PoolSelection: a.onehop(), NodeSelectors: a.NodeSelectors,
+		AggregationLength: a.AggregationLength, AggregationLengthV6: a.AggregationLengthV6, LocalPref: a.LocalPref}
+	for _, c := range a.Communities {
+		if _, _, err := bgp.ParseCommunities([]string{c}); err != nil {
+			// MetalLB also takes the name of an entry of a Community
+			// resource; onehop takes the value itself.
+			cv.warn(o, "community %q is not a community value (a MetalLB Community resource's name?), left out: write its value", c)
+			continue
+		}
+		spec.Communities = append(spec.Communities, c)
 	}
 	if len(a.Peers) > 0 {
 		cv.warn(o, "peers %v: onehop announces to every peer of a node; pick the nodes of a peer with its nodeSelector", a.Peers)
 	}
-	spec := v1alpha1.BGPAdvertisementSpec{PoolSelection: a.onehop(), NodeSelectors: a.NodeSelectors}
+	cv.checkAggregation(o, &spec)
 	return onehopObject(kindBGPAd, o, spec)
+}
+
+// checkAggregation leaves out an aggregation length that the converted
+// pools do not fit (onehop would refuse the advertisement: a pool must be
+// whole prefixes of that length), with a warning: each address is then
+// announced alone. MetalLB checks the CIDRs as written, and avoidBuggyIPs
+// or a range can make a pool ragged.
+func (cv *metalLBConverter) checkAggregation(o mlbObject, spec *v1alpha1.BGPAdvertisementSpec) {
+	var pools []PoolConfig
+	poolLabels := map[string]labels.Set{}
+	for _, c := range cv.out.Objects {
+		if ps, ok := c.Spec.(v1alpha1.LoadBalancerIPPoolSpec); ok && c.Kind == kindPool {
+			pools = append(pools, PoolConfig{Name: c.Metadata.Name, Addresses: ps.Addresses})
+			poolLabels[c.Metadata.Name] = labels.Set(c.Metadata.Labels)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		v    **int32
+	}{{"aggregationLength", &spec.AggregationLength}, {"aggregationLengthV6", &spec.AggregationLengthV6}} {
+		if *l.v == nil {
+			continue
+		}
+		one := v1alpha1.BGPAdvertisementSpec{PoolSelection: spec.PoolSelection}
+		if l.name == "aggregationLength" {
+			one.AggregationLength = *l.v
+		} else {
+			one.AggregationLengthV6 = *l.v
+		}
+		r, err := newAdRule(o.Metadata.Name, one.PoolSelection, nil, nil, "")
+		if err == nil {
+			r.route, err = bgpRouteAttrs(&one)
+		}
+		if err == nil {
+			err = r.aggregationFits(pools, poolLabels)
+		}
+		if err != nil {
+			cv.warn(o, "%s %d left out, each address is announced alone: %v", l.name, **l.v, err)
+			*l.v = nil
+		}
+	}
 }
 
 func (cv *metalLBConverter) peer(o mlbObject) (*ConvertedObject, []ConvertedObject) {

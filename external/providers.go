@@ -17,19 +17,38 @@ import (
 	"github.com/onehop/onehop/portal"
 )
 
-// bgpProvider announces, from this node, every IP it serves.
-type bgpProvider struct{ sp *bgp.Speaker }
+// bgpProvider announces, from this node, every IP it serves; ips is how
+// many of them have a route out (an aggregate carries several).
+type bgpProvider struct {
+	sp  *bgp.Speaker
+	ips int
+}
 
 func (p *bgpProvider) Name() string { return "bgp" }
 
 func (p *bgpProvider) Update(_ context.Context, s *State) error {
-	var ips []netip.Addr
+	var routes []bgp.Route
+	prefixesOf := map[netip.Addr][]netip.Prefix{}
 	for _, ip := range s.IPs() {
-		if s.Serves(ip) && s.ann.bgpAllows(ip, s.Node) {
-			ips = append(ips, ip)
+		if s.Serves(ip) {
+			for _, r := range s.ann.bgpRoutes(ip, s.Node) {
+				routes = append(routes, r)
+				prefixesOf[ip] = append(prefixesOf[ip], r.Prefix)
+			}
 		}
 	}
-	return p.sp.Set(ips)
+	err := p.sp.SetRoutes(routes)
+	out := map[netip.Prefix]bool{}
+	for _, pfx := range p.sp.Announced() {
+		out[pfx] = true
+	}
+	p.ips = 0
+	for _, pfxs := range prefixesOf {
+		if slices.ContainsFunc(pfxs, func(pfx netip.Prefix) bool { return out[pfx] }) {
+			p.ips++
+		}
+	}
+	return err
 }
 
 func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }

@@ -304,7 +304,7 @@ func fingerprint(s *State) string {
 		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, t.Nodes, t.HealthCheckNodePort, t.Ports)
 	}
 	for _, ip := range s.IPs() {
-		b = fmt.Appendf(b, "%s:%v:%v:", ip, s.Serves(ip), s.ann.bgpAllows(ip, s.Node))
+		b = fmt.Appendf(b, "%s:%v:%v:", ip, s.Serves(ip), s.ann.bgpRoutes(ip, s.Node))
 		for _, n := range s.Eligible(ip) {
 			b = fmt.Appendf(b, "%s=%v%v,", n, s.Alive(n), s.ann.l2Allows(ip, n))
 		}

@@ -16,7 +16,7 @@ func TestConvertMetalLBCmd(t *testing.T) {
 		code     int
 		out, err string
 	}{
-		{args: []string{"-f", lossy}, out: "kind: BGPPeer", err: "warning: BGPAdvertisement metallb-system/tenant-a: communities"},
+		{args: []string{"-f", lossy}, out: "kind: BGPPeer", err: "warning: BGPAdvertisement metallb-system/tenant-a: aggregationLength 24 left out"},
 		{args: []string{"-f", lossy, "--strict"}, code: 1, out: "kind: BGPPeer", err: "could not be carried over (--strict)"},
 		{args: []string{"--strict", "-f", clean, "-f", lossy}, code: 1, out: "name: first-pool"},
 		{args: []string{"--strict", "-f", clean}, out: "kind: L2Advertisement"},

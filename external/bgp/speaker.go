@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,7 @@ type Speaker struct {
 	srv      *server.BgpServer
 
 	mu        sync.Mutex
-	announced map[netip.Addr]*apiutil.Path
+	announced map[netip.Prefix]announcedRoute
 	stopped   bool
 
 	// sessions reports the sessions' changes (OnSession); endWatch ends
@@ -39,7 +40,7 @@ func NewSpeaker(cfg Config, nodeAddrs []netip.Addr, log *slog.Logger) (*Speaker,
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Speaker{cfg: cfg, nextHops: map[bool]netip.Addr{}, log: log, announced: map[netip.Addr]*apiutil.Path{}}
+	s := &Speaker{cfg: cfg, nextHops: map[bool]netip.Addr{}, log: log, announced: map[netip.Prefix]announcedRoute{}}
 	for _, a := range nodeAddrs {
 		a = a.Unmap()
 		if _, ok := s.nextHops[a.Is6()]; !ok && a.IsValid() {
@@ -132,80 +133,112 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 	return pc
 }
 
-func (s *Speaker) path(ip netip.Addr) (*apiutil.Path, error) {
+// announcedRoute is a route as the speaker gave it to GoBGP.
+type announcedRoute struct {
+	route Route
+	path  *apiutil.Path
+}
+
+func (s *Speaker) path(r Route) (*apiutil.Path, error) {
+	ip := r.Prefix.Addr()
 	nh, ok := s.nextHops[ip.Is6()]
 	if !ok {
-		return nil, fmt.Errorf("no %s next hop for %s", map[bool]string{false: "IPv4", true: "IPv6"}[ip.Is6()], ip)
+		return nil, fmt.Errorf("no %s next hop for %s", map[bool]string{false: "IPv4", true: "IPv6"}[ip.Is6()], r.Prefix)
 	}
-	nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(ip, ip.BitLen()))
+	nlri, err := bgp.NewIPAddrPrefix(r.Prefix.Masked())
 	if err != nil {
 		return nil, err
 	}
-	origin := bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
+	family := bgp.RF_IPv4_UC
 	if ip.Is4() {
 		a, err := bgp.NewPathAttributeNextHop(nh)
 		if err != nil {
 			return nil, err
 		}
-		return &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{origin, a}}, nil
+		attrs = append(attrs, a)
+	} else {
+		family = bgp.RF_IPv6_UC
+		mp, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, nh)
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, mp)
 	}
-	mp, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, nh)
-	if err != nil {
-		return nil, err
-	}
-	return &apiutil.Path{Family: bgp.RF_IPv6_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{origin, mp}}, nil
+	return &apiutil.Path{Family: family, Nlri: nlri, Attrs: append(attrs, r.attrs()...)}, nil
 }
 
-// Set announces exactly ips: new ones are announced, missing ones
-// withdrawn. Withdrawals go first.
+// Set announces exactly the host routes of ips (see SetRoutes).
 func (s *Speaker) Set(ips []netip.Addr) error {
+	routes := make([]Route, 0, len(ips))
+	for _, ip := range ips {
+		routes = append(routes, HostRoute(ip))
+	}
+	return s.SetRoutes(routes)
+}
+
+// SetRoutes announces exactly routes: new ones are announced, missing
+// ones withdrawn, and one whose attributes changed is announced again
+// with the new ones (an implicit withdrawal: peers replace it). Routes of
+// the same prefix are merged (Route.Merge). Withdrawals go first.
+func (s *Speaker) SetRoutes(routes []Route) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped || s.srv == nil {
 		return errors.New("bgp: speaker not running")
 	}
-	want := map[netip.Addr]bool{}
-	for _, ip := range ips {
-		want[ip.Unmap()] = true
+	want := map[netip.Prefix]Route{}
+	for _, r := range routes {
+		r.Prefix = netip.PrefixFrom(r.Prefix.Addr().Unmap(), r.Prefix.Bits()).Masked()
+		if w, ok := want[r.Prefix]; ok {
+			w.Merge(r)
+			r = w
+		} else {
+			r.Communities = slices.Clone(r.Communities)
+			r.LargeCommunities = slices.Clone(r.LargeCommunities)
+		}
+		want[r.Prefix] = r
 	}
 	var errs []error
-	for ip, p := range s.announced {
-		if !want[ip] {
-			if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{p}}); err != nil {
-				errs = append(errs, fmt.Errorf("withdraw %s: %w", ip, err))
+	for pfx, a := range s.announced {
+		if _, ok := want[pfx]; !ok {
+			if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{a.path}}); err != nil {
+				errs = append(errs, fmt.Errorf("withdraw %s: %w", pfx, err))
 				continue
 			}
-			delete(s.announced, ip)
-			s.log.Info("bgp withdraw", "ip", ip)
+			delete(s.announced, pfx)
+			s.log.Info("bgp withdraw", "prefix", pfx)
 		}
 	}
-	for ip := range want {
-		if s.announced[ip] != nil {
+	for pfx, r := range want {
+		if a, ok := s.announced[pfx]; ok && a.route.Equal(r) {
 			continue
 		}
-		p, err := s.path(ip)
+		p, err := s.path(r)
 		if err == nil {
 			_, err = s.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{p}})
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("announce %s: %w", ip, err))
+			errs = append(errs, fmt.Errorf("announce %s: %w", r, err))
 			continue
 		}
-		s.announced[ip] = p
-		s.log.Info("bgp announce", "ip", ip, "nextHop", s.nextHops[ip.Is6()])
+		s.announced[pfx] = announcedRoute{route: r, path: p}
+		s.log.Info("bgp announce", "route", r.String(), "nextHop", s.nextHops[pfx.Addr().Is6()])
 	}
 	return errors.Join(errs...)
 }
 
-// Announced returns what the speaker announces now, sorted.
-func (s *Speaker) Announced() []netip.Addr {
+// Announced returns the prefixes the speaker announces now, sorted.
+func (s *Speaker) Announced() []netip.Prefix {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []netip.Addr
-	for ip := range s.announced {
-		out = append(out, ip)
+	out := make([]netip.Prefix, 0, len(s.announced))
+	for pfx := range s.announced {
+		out = append(out, pfx)
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
 	return out
 }
 

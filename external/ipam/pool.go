@@ -74,6 +74,16 @@ func ParseRange(s string) (Range, error) {
 	return Range{First: a, Last: a}, nil
 }
 
+// Aligned reports whether r is made of whole prefixes of length bits:
+// it starts where one starts and ends where one ends, so that the
+// prefix of that length around any of its addresses lies inside r.
+func (r Range) Aligned(bits int) bool {
+	if bits < 0 || bits > r.First.BitLen() {
+		return false
+	}
+	return netip.PrefixFrom(r.First, bits).Masked().Addr() == r.First && lastOf(netip.PrefixFrom(r.Last, bits).Masked()) == r.Last
+}
+
 func lastOf(p netip.Prefix) netip.Addr {
 	b := p.Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {

@@ -525,6 +525,16 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 	return cmd
 }
 
+// runAll starts a split install on cfg: the controller, and the agents
+// of node1 and node2.
+func (s *split) runAll(tp *topo, cfg external.Config) {
+	s.t.Helper()
+	s.runController(cfg, "onehop-controller-0", "")
+	for _, n := range []string{"node1", "node2"} {
+		s.startNodeAgent(tp, n, cfg)
+	}
+}
+
 // metricsSocket is where node n's agent (startNodeAgent) serves its
 // metrics: a Unix socket, which the test reaches from its own network
 // namespace.

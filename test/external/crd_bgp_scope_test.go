@@ -67,10 +67,7 @@ func TestCRDBGPChangesStayInScope(t *testing.T) {
 	sp := newSplit(t, cp)
 	cfg := sp.config(external.Config{CRDs: true})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both Services
-	sp.runController(cfg, "onehop-controller-0", "")
-	for _, n := range []string{"node1", "node2"} {
-		sp.startNodeAgent(lab.topo, n, cfg)
-	}
+	sp.runAll(lab.topo, cfg)
 	cr.apply(v1alpha1.LoadBalancerIPPools, "a", `{addresses: ["`+vipA+`"]}`)
 	cr.apply(v1alpha1.LoadBalancerIPPools, "b", `{addresses: ["`+vipB+`"]}`)
 	cr.apply(v1alpha1.BGPAdvertisements, "ad-a", `{ipAddressPools: [a]}`)

@@ -145,10 +145,7 @@ func TestCRDBGPPeerFromSecret(t *testing.T) {
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
 	cfg := sp.config(external.Config{CRDs: true})
-	sp.runController(cfg, "onehop-controller-0", "")
-	for _, n := range []string{"node1", "node2"} {
-		sp.startNodeAgent(lab.topo, n, cfg)
-	}
+	sp.runAll(lab.topo, cfg)
 	setSecret(t, c, "bgp-auth", "password", "s3cret")
 	cr.apply(v1alpha1.LoadBalancerIPPools, "lab", `{addresses: ["`+vip+`"]}`)
 	peer := `{myASN: 64513, peerASN: 64512, peerAddress: 10.0.0.1, holdTimeSeconds: 9, passwordSecret: {name: bgp-auth, key: password}}`

@@ -40,7 +40,8 @@ type BGPAdvertisement struct {
 	Status AdvertisementStatus  `json:"status,omitempty"`
 }
 
-// BGPAdvertisementSpec picks pools and nodes.
+// BGPAdvertisementSpec picks pools and nodes, and the attributes of the
+// routes they announce.
 type BGPAdvertisementSpec struct {
 	PoolSelection `json:",inline"`
 	// NodeSelectors pick the nodes that announce; empty, every node.
@@ -49,6 +50,39 @@ type BGPAdvertisementSpec struct {
 	// +listType=atomic
 	// +optional
 	NodeSelectors []metav1.LabelSelector `json:"nodeSelectors,omitempty"`
+	// AggregationLength is the length of the IPv4 prefix announced for an
+	// address: 32 (the default) announces the address alone; a shorter
+	// one announces the prefix that holds it, once for all of a node's
+	// addresses in it. Every pool the advertisement picks must hold whole
+	// prefixes of that length, so that no router sends a node traffic for
+	// an address outside the pools.
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	AggregationLength *int32 `json:"aggregationLength,omitempty"`
+	// AggregationLengthV6 is AggregationLength for IPv6 (default 128).
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	// +optional
+	AggregationLengthV6 *int32 `json:"aggregationLengthV6,omitempty"`
+	// LocalPref is the routes' LOCAL_PREF. BGP sends it to internal peers
+	// (the same AS) only: external peers never see it (RFC 4271 5.1.5).
+	//
+	// +optional
+	LocalPref *uint32 `json:"localPref,omitempty"`
+	// Communities are attached to the routes: "65000:100" (RFC 1997),
+	// "large:64512:1:2" (a large community, RFC 8092), or a well-known
+	// name: no-export, no-advertise, no-export-subconfed (local-as) or
+	// no-peer.
+	//
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=48
+	// +kubebuilder:validation:items:Pattern=`^([0-9]+:[0-9]+|large:[0-9]+:[0-9]+:[0-9]+|no-export|no-advertise|no-export-subconfed|local-as|no-peer)$`
+	// +listType=set
+	// +optional
+	Communities []string `json:"communities,omitempty"`
 }
 
 // L2Advertisement says which addresses the nodes answer ARP and NDP for,
