@@ -135,7 +135,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
-	txConn, err := newTxConn(&b.socks)
+	txConn, sender, err := newTxConn(&b.socks)
 	if err != nil {
 		return dataplane.SyncStats{}, err
 	}
@@ -143,6 +143,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	}
 	t := b.newTx(txConn, readBack)
+	t.sender = sender
 	if readBack {
 		t.presize(snap)
 		if err := b.prepareFull(t, conn); err != nil {
@@ -202,7 +203,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 // keys), affinity entries and counters. Only a table that cannot be read
 // as this version lays it out is replaced as a whole.
 func (b *Backend) prepareFull(t *tx, conn *nftables.Conn) error {
-	state, err := b.readState(conn)
+	state, err := b.readState(conn, func(set string) int { return cap(t.addElems[set]) })
 	switch {
 	case err != nil:
 		b.log.Warn("replacing the onehop table as a whole", "err", err)

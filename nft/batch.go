@@ -19,17 +19,61 @@ import (
 // nftables' test-dial hook: it strips the flag from all but the last
 // message, sends the batch on a real socket, waits for that last ack (or
 // the errors), and hands nftables the acknowledgements it expects.
+//
+// In hold mode, a Flush sends nothing: the library's messages are kept,
+// messages built outside it (elemMessage) can be added after them, and
+// sendHeld sends all of them, in order, as one transaction.
 type batchSender struct {
 	socks   *sockets
 	pending []netlink.Message
+	hold    bool
+	held    []netlink.Message
 }
 
 // newTxConn returns an nftables connection whose Flush goes through a
-// batchSender. Use it only to build and flush transactions; queries need a
-// connection from newConn.
-func newTxConn(socks *sockets) (*nftables.Conn, error) {
+// batchSender, and the sender. Use it only to build and flush
+// transactions; queries need a connection from newConn.
+func newTxConn(socks *sockets) (*nftables.Conn, *batchSender, error) {
 	s := &batchSender{socks: socks}
-	return nftables.New(nftables.WithTestDial(s.exchange))
+	c, err := nftables.New(nftables.WithTestDial(s.exchange))
+	return c, s, err
+}
+
+// appendHeld adds messages to what a hold-mode sender keeps, after the
+// library's messages flushed so far.
+func (s *batchSender) appendHeld(ms ...netlink.Message) { s.held = append(s.held, ms...) }
+
+// sendHeld sends the held messages as one transaction and returns the
+// kernel's verdict: nil when it committed them all.
+func (s *batchSender) sendHeld() error {
+	held := s.held
+	s.held = nil
+	if len(held) == 0 {
+		return nil
+	}
+	var seq uint32 // messages built outside the library get numbers after its own
+	for _, m := range held {
+		seq = max(seq, m.Header.Sequence)
+	}
+	marker := func(typ uint16) netlink.Message {
+		return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request},
+			Data: []byte{0, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}}
+	}
+	req := make([]netlink.Message, 0, len(held)+2)
+	req = append(req, marker(nfnlBatchBegin))
+	for _, m := range held {
+		if m.Header.Sequence == 0 {
+			seq++
+			m.Header.Sequence = seq
+		}
+		req = append(req, m)
+	}
+	req = append(req, marker(nfnlBatchEnd))
+	_, failure, err := s.sendFailure(req)
+	if err != nil {
+		return err
+	}
+	return failure
 }
 
 const (
@@ -53,9 +97,19 @@ func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error)
 		s.pending = s.pending[1:]
 		return []netlink.Message{m}, nil
 	}
-	acks, err := s.send(req)
-	if err != nil {
-		return nil, err
+	var acks []netlink.Message
+	if s.hold {
+		for _, m := range req {
+			if !isBatchMarker(m) {
+				s.held = append(s.held, m)
+				acks = append(acks, ackFor(m, 0))
+			}
+		}
+	} else {
+		var err error
+		if acks, _, err = s.sendFailure(req); err != nil {
+			return nil, err
+		}
 	}
 	if len(acks) == 0 {
 		return nil, nil
@@ -64,7 +118,11 @@ func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error)
 	return acks[:1], nil
 }
 
-func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
+// sendFailure sends the batch req and returns an acknowledgement for each
+// of its messages, and the kernel's error when it refused the batch (the
+// first acknowledgement then carries it, which is what nftables reads);
+// err is a failure to send or receive at all.
+func (s *batchSender) sendFailure(req []netlink.Message) (acks []netlink.Message, failure, err error) {
 	last := -1
 	for i := range req {
 		if isBatchMarker(req[i]) {
@@ -74,20 +132,19 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 		last = i
 	}
 	if last < 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	req[last].Header.Flags |= netlink.Acknowledge
 	lastSeq := req[last].Header.Sequence
 
 	conn, err := s.socks.txConn()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := sendBatch(conn, req); err != nil {
 		s.socks.dropTx()
-		return nil, fmt.Errorf("send batch: %w", err)
+		return nil, nil, fmt.Errorf("send batch: %w", err)
 	}
-	var failure error
 	for failure == nil {
 		msgs, err := conn.Receive()
 		if err != nil {
@@ -107,7 +164,7 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 			break
 		}
 	}
-	acks := make([]netlink.Message, 0, len(req))
+	acks = make([]netlink.Message, 0, len(req))
 	for _, m := range req {
 		if isBatchMarker(m) {
 			continue
@@ -118,7 +175,7 @@ func (s *batchSender) send(req []netlink.Message) ([]netlink.Message, error) {
 		}
 		acks = append(acks, ackFor(m, code))
 	}
-	return acks, nil
+	return acks, failure, nil
 }
 
 // sendBatch writes req to the kernel in one datagram, marshalled into one

@@ -128,8 +128,10 @@ type kernelState struct {
 // readState reads the table for an in-place full sync. It returns nil,
 // nil when the table does not exist, and nil with an error when it cannot
 // be reconciled in place (a fixed set of another type, left by another
-// layout version): the caller then replaces the table as a whole.
-func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
+// layout version): the caller then replaces the table as a whole. sizeHint,
+// when not nil, says how many elements a set is likely to hold (what the
+// sync will want), so that its list is made once at that size.
+func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) (*kernelState, error) {
 	if _, err := conn.ListTableOfFamily(b.table.Name, b.table.Family); err != nil {
 		return nil, nil
 	}
@@ -169,7 +171,11 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 		if have.keyLen != want.KeyType.Bytes || have.isMap() != want.IsMap {
 			return nil, fmt.Errorf("set %s has another type than this version uses", want.Name)
 		}
-		els, err := d.dump(want.Name)
+		n := 0
+		if sizeHint != nil {
+			n = sizeHint(want.Name)
+		}
+		els, err := d.dump(want.Name, n)
 		if err != nil {
 			return nil, err
 		}
@@ -182,7 +188,7 @@ func (b *Backend) readState(conn *nftables.Conn) (*kernelState, error) {
 		if err := checkRangeSet(s); err != nil {
 			return nil, err
 		}
-		els, err := d.dump(name)
+		els, err := d.dump(name, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -263,7 +269,7 @@ func (b *Backend) newElemDumper() (*elemDumper, error) {
 func (d *elemDumper) close() { d.c.Close() }
 
 // dump reads the elements of the named set.
-func (d *elemDumper) dump(set string) ([]nftables.SetElement, error) {
+func (d *elemDumper) dump(set string, sizeHint int) ([]nftables.SetElement, error) {
 	b, raw, buf := d.b, d.raw, d.buf
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(b.table.Name + "\x00")},
@@ -282,7 +288,7 @@ func (d *elemDumper) dump(set string) ([]nftables.SetElement, error) {
 	if _, err := d.c.Send(req); err != nil {
 		return nil, fmt.Errorf("dump set %s: %w", set, err)
 	}
-	var out []nftables.SetElement
+	out := make([]nftables.SetElement, 0, sizeHint)
 	for {
 		var n int
 		var rerr error

@@ -22,20 +22,15 @@ import (
 // silently truncate the list.
 const elemChunkBytes = 48 << 10
 
-func elemSize(e nftables.SetElement) int {
-	n := len(e.Key) + len(e.Val) + len(e.Comment) + 48
-	if e.VerdictData != nil {
-		n += len(e.VerdictData.Chain) + 24
-	}
-	return n
-}
-
 // tx collects one sync's changes: kernel operations in the order the kernel
 // needs them, and the in-memory state to adopt if the kernel accepts them.
 type tx struct {
 	b    *Backend
 	conn *nftables.Conn
-	full bool
+	// sender, when set, takes the transaction's set elements as messages
+	// of onehop's own (elemMessage), between the library's.
+	sender *batchSender
+	full   bool
 
 	services  map[portal.ServiceKey]*appliedService // nil value: deleted
 	owners    map[string]*portal.PortKey            // nil value: released
@@ -726,13 +721,18 @@ func (t *tx) setElems(m map[string][]nftables.SetElement, add bool) error {
 func (t *tx) sendElems(set *nftables.Set, els []nftables.SetElement, add bool) error {
 	for len(els) > 0 {
 		n, size := 0, 0
-		for n < len(els) && size+elemSize(els[n]) <= elemChunkBytes {
-			size += elemSize(els[n])
+		for n < len(els) && size+elemLen(set, &els[n]) <= elemChunkBytes {
+			size += elemLen(set, &els[n])
 			n++
 		}
 		n = max(n, 1)
 		chunk := els[:n]
 		els = els[n:]
+		t.stats.Messages++
+		if t.sender != nil && t.sender.hold {
+			t.sender.appendHeld(elemMessage(set, chunk, add))
+			continue
+		}
 		var err error
 		if add {
 			err = t.conn.SetAddElements(set, chunk)
@@ -742,7 +742,6 @@ func (t *tx) sendElems(set *nftables.Set, els []nftables.SetElement, add bool) e
 		if err != nil {
 			return fmt.Errorf("set %s: %w", set.Name, err)
 		}
-		t.stats.Messages++
 	}
 	return nil
 }
@@ -801,6 +800,14 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 	if t.kernel != nil {
 		t.reconcileKernel()
 	}
+	if t.sender != nil {
+		// From here the library's messages are held, so that the
+		// elements, encoded by onehop, go between them in order.
+		t.sender.hold = true
+		if err := t.conn.Flush(); err != nil {
+			return t.stats, err
+		}
+	}
 	if err := t.setElems(t.delElems, false); err != nil {
 		return t.stats, err
 	}
@@ -831,7 +838,11 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 	}
 
 	if t.stats.Messages > 0 {
-		if err := t.conn.Flush(); err != nil {
+		err := t.conn.Flush()
+		if err == nil && t.sender != nil {
+			err = t.sender.sendHeld()
+		}
+		if err != nil {
 			return t.stats, fmt.Errorf("nftables transaction (%d messages): %w", t.stats.Messages, err)
 		}
 	}
@@ -848,25 +859,29 @@ func (t *tx) reconcileKernel() {
 	for _, s := range fixedSets(t.b.table) {
 		want := t.addElems[s.Name]
 		t.fullElems += len(want)
-		wantBy := make(map[string]nftables.SetElement, len(want))
-		for _, e := range want {
-			wantBy[string(e.Key)] = e
+		// Indexes, not copies of the elements: at 100k elements a map
+		// of SetElement values was a sixth of a restart's allocations.
+		wantAt := make(map[string]int32, len(want))
+		for i := range want {
+			wantAt[string(want[i].Key)] = int32(i)
 		}
-		kept := map[string]bool{}
-		for _, e := range k.elems[s.Name] {
-			if w, ok := wantBy[string(e.Key)]; ok && elemEqual(w, e) {
-				kept[string(e.Key)] = true
+		kept, nKept := make([]bool, len(want)), 0
+		have := k.elems[s.Name]
+		for i := range have {
+			if j, ok := wantAt[string(have[i].Key)]; ok && !kept[j] && elemEqual(want[j], have[i]) {
+				kept[j] = true
+				nKept++
 				continue
 			}
-			t.delElems[s.Name] = append(t.delElems[s.Name], nftables.SetElement{Key: e.Key})
+			t.delElems[s.Name] = append(t.delElems[s.Name], nftables.SetElement{Key: have[i].Key})
 		}
-		if len(kept) == 0 {
+		if nKept == 0 {
 			continue
 		}
-		send := want[:0:0]
-		for _, e := range want {
-			if !kept[string(e.Key)] {
-				send = append(send, e)
+		send := make([]nftables.SetElement, 0, len(want)-nKept)
+		for i := range want {
+			if !kept[i] {
+				send = append(send, want[i])
 			}
 		}
 		t.addElems[s.Name] = send
