@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -99,6 +100,7 @@ func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error)
 	}
 	var acks []netlink.Message
 	if s.hold {
+		s.held = slices.Grow(s.held, len(req))
 		for _, m := range req {
 			if !isBatchMarker(m) {
 				s.held = append(s.held, m)

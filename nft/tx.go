@@ -114,7 +114,7 @@ func (t *tx) presize(snap *portal.Snapshot) {
 	t.services = make(map[portal.ServiceKey]*appliedService, n)
 	t.bodies = make(map[string]chainBody, n)
 	t.owners = make(map[string]*portal.PortKey, 4*n)
-	var eps [2]int // endpoints per family
+	var eps, vips [2]int // endpoints and cluster IP ports per family
 	for _, svc := range snap.Services {
 		for _, p := range svc.Portals {
 			i := 0
@@ -122,9 +122,13 @@ func (t *tx) presize(snap *portal.Snapshot) {
 				i = 1
 			}
 			eps[i] += len(p.ClusterEndpoints)
+			vips[i] += len(p.ClusterIPs)
 		}
 	}
 	for i, f := range []portal.Family{portal.IPv4, portal.IPv6} {
+		if vips[i] > 0 { // each goes to its chain, or to drop or reject
+			t.addElems[setVIPs(f)] = make([]nftables.SetElement, 0, vips[i])
+		}
 		if eps[i] == 0 {
 			continue
 		}
