@@ -3,10 +3,13 @@ package external
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/ipam"
 )
 
 // adRule is an accepted BGPAdvertisement or L2Advertisement: which
@@ -76,6 +79,15 @@ func (r *adRule) selectsAddress(pool string, poolLabels map[string]labels.Set) b
 		slices.ContainsFunc(r.poolSel, func(s labels.Selector) bool { return s.Matches(poolLabels[pool]) })
 }
 
+// selectsAny: the advertisement picks one of pools (an address a Service
+// keeps outside every pool counts in each pool it may have come from).
+func (r *adRule) selectsAny(pools []string, poolLabels map[string]labels.Set) bool {
+	if len(pools) == 0 {
+		return r.selectsAddress("", poolLabels)
+	}
+	return slices.ContainsFunc(pools, func(p string) bool { return r.selectsAddress(p, poolLabels) })
+}
+
 // announcer answers, for one round of the providers, which node may
 // announce which address under the advertisements.
 type announcer struct {
@@ -84,6 +96,18 @@ type announcer struct {
 	// node's labels.
 	poolOf     func(netip.Addr) string
 	nodeLabels func(string) labels.Set
+	// kept names, for an address a Service keeps outside every pool (a
+	// pool shrank under it), the pools it may have come from; nil: none.
+	kept map[netip.Addr][]string
+}
+
+// poolsOf are the pools an advertisement may pick ip by, and whether ip
+// is in one of them (not kept outside all).
+func (a *announcer) poolsOf(ip netip.Addr) ([]string, bool) {
+	if p := a.poolOf(ip); p != "" {
+		return []string{p}, true
+	}
+	return a.kept[ip.Unmap()], false
 }
 
 // allows reports whether one advertisement of ads picks ip and node; with
@@ -92,9 +116,10 @@ func (a *announcer) allows(ads []adRule, ip netip.Addr, node string) bool {
 	if a == nil || a.rules == nil || len(ads) == 0 {
 		return true
 	}
-	pool, nl := a.poolOf(ip), a.nodeLabels(node)
+	pools, _ := a.poolsOf(ip)
+	nl := a.nodeLabels(node)
 	for i := range ads {
-		if ads[i].selectsNode(nl) && ads[i].selectsAddress(pool, a.rules.poolLabels) {
+		if ads[i].selectsNode(nl) && ads[i].selectsAny(pools, a.rules.poolLabels) {
 			return true
 		}
 	}
@@ -109,11 +134,18 @@ func (a *announcer) bgpRoutes(ip netip.Addr, node string) []bgp.Route {
 	if a == nil || a.rules == nil || len(a.rules.bgp) == 0 {
 		return []bgp.Route{bgp.HostRoute(ip)}
 	}
-	pool, nl := a.poolOf(ip), a.nodeLabels(node)
+	pools, inPool := a.poolsOf(ip)
+	nl := a.nodeLabels(node)
 	var out []bgp.Route
 	for i := range a.rules.bgp {
-		if r := &a.rules.bgp[i]; r.selectsNode(nl) && r.selectsAddress(pool, a.rules.poolLabels) {
-			out = append(out, r.route.of(ip))
+		if r := &a.rules.bgp[i]; r.selectsNode(nl) && r.selectsAny(pools, a.rules.poolLabels) {
+			route := r.route.of(ip)
+			if !inPool {
+				// A kept address is announced alone: the prefix around
+				// it is no pool's any more.
+				route.Prefix = bgp.HostRoute(ip).Prefix
+			}
+			out = append(out, route)
 		}
 	}
 	return out
@@ -149,4 +181,43 @@ func (p *parsed) announcer(nodeLabels func(string) labels.Set) *announcer {
 		}
 		return ""
 	}}
+}
+
+// keptPools names, for each address a Service keeps outside every pool,
+// the pools it may have come from: the pool its annotation names, else
+// every pool that admits the Service (its namespace and labels). A
+// pool-picking advertisement keeps announcing such an address as long as
+// it picks one of them, so that shrinking a pool does not take a Service's
+// address off the air (the Service has an IPOutsidePools event). Without
+// advertisements nothing is needed: every address is announced.
+func (p *parsed) keptPools(services []*corev1.Service) map[netip.Addr][]string {
+	if p.ads == nil || len(p.ads.bgp)+len(p.ads.l2) == 0 {
+		return nil
+	}
+	var out map[netip.Addr][]string
+	for _, svc := range services {
+		if !p.managed(svc) {
+			continue
+		}
+		for _, ip := range statusIPs(svc) {
+			if slices.ContainsFunc(p.pools, func(pl ipam.Pool) bool { return pl.Contains(ip) }) {
+				continue
+			}
+			_, named, _ := annotation(svc, AnnotationAddressPool)
+			named = strings.TrimSpace(named)
+			for i := range p.pools {
+				pl := &p.pools[i]
+				if named != "" && pl.Name != named || named == "" && !pl.Admits(svc.Namespace, svc.Labels) {
+					continue
+				}
+				if out == nil {
+					out = map[netip.Addr][]string{}
+				}
+				if !slices.Contains(out[ip], pl.Name) {
+					out[ip] = append(out[ip], pl.Name)
+				}
+			}
+		}
+	}
+	return out
 }

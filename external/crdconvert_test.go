@@ -350,3 +350,56 @@ func TestBGPRouteAttributes(t *testing.T) {
 		}
 	}
 }
+
+// An address a Service keeps after its pool shrank is in no pool, yet a
+// pool-picking advertisement keeps announcing it when it picks the pool
+// the Service names, or one that admits it: as a host route, even under
+// an aggregating advertisement. A Service naming another pool, or one no
+// picked pool admits, is not announced by it.
+func TestAnnouncerKeptAddress(t *testing.T) {
+	shrunk := testPool("shrunk", 1, "192.0.2.0/28")
+	other := testPool("other", 2, "198.51.100.0/28")
+	other.Spec.Namespaces = []string{"team-b"}
+	l := int32(28)
+	ad := &v1alpha1.BGPAdvertisement{ObjectMeta: meta("shrunk", 1), Spec: v1alpha1.BGPAdvertisementSpec{
+		PoolSelection: v1alpha1.PoolSelection{IPAddressPools: []string{"shrunk"}}, AggregationLength: &l, Communities: []string{"1:1"}}}
+	c, _ := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{shrunk, other},
+		bgpAds: []*v1alpha1.BGPAdvertisement{ad}}, crdMemory{})
+	p, err := c.forNode(nil).parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := func(ns, name, ip string, ann map[string]string) *corev1.Service {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip}}
+		return s
+	}
+	services := []*corev1.Service{
+		lb("team-a", "kept", "192.0.2.100", nil),                                                // admitted by shrunk only
+		lb("team-b", "named", "192.0.2.101", map[string]string{AnnotationAddressPool: "other"}), // came from other
+		lb("team-b", "inpool", "192.0.2.5", nil),
+	}
+	an := p.announcer(func(string) labels.Set { return labels.Set{} })
+	an.kept = p.keptPools(services)
+	for _, tc := range []struct {
+		ip   string
+		want []string
+	}{
+		{"192.0.2.100", []string{"192.0.2.100/32 communities 1:1"}},
+		{"192.0.2.101", nil},
+		{"192.0.2.5", []string{"192.0.2.0/28 communities 1:1"}},
+		{"203.0.113.1", nil}, // nobody's
+	} {
+		var got []string
+		for _, r := range an.bgpRoutes(netip.MustParseAddr(tc.ip), "node1") {
+			got = append(got, r.String())
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("routes of %s: got %q, want %q", tc.ip, got, tc.want)
+		}
+		if an.bgpAllows(netip.MustParseAddr(tc.ip), "node1") != (tc.want != nil) {
+			t.Errorf("bgpAllows(%s) disagrees with its routes %q", tc.ip, got)
+		}
+	}
+}

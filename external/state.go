@@ -84,6 +84,10 @@ func (h *Hook) state() *State {
 	if h.liveness != nil {
 		st.alive = h.liveness.alive
 	}
-	st.ann = h.conf().announcer(h.nodeLabels)
+	conf := h.conf()
+	st.ann = conf.announcer(h.nodeLabels)
+	if st.ann != nil {
+		st.ann.kept = conf.keptPools(in.services)
+	}
 	return st
 }

@@ -71,7 +71,8 @@ func (lab *bgpLab) routeAttrs(t *testing.T, prefix, what string, want ...string)
 // address in the /26 is a second announced IP on the same prefix. Changed, without a
 // restart, the advertisement replaces the /26 by the address's own /32
 // with the new community; an aggregation the pool does not fit is Invalid
-// and the routes stay as they were.
+// and the routes stay as they were. A pool shrunk under the Service's
+// address leaves it announced.
 func TestCRDBGPAdvertisementAttributes(t *testing.T) {
 	lab := newBGPLab(t)
 	cp, c := lab.twoNodeCluster("router")
@@ -135,4 +136,13 @@ func TestCRDBGPAdvertisementAttributes(t *testing.T) {
 		t.Errorf("the invalid advertisement's community reached BIRD:\n%s", out)
 	}
 	lab.waitHopsFor(t, vip, "the last good advertisement stays", "10.0.0.11", "10.0.0.12")
+
+	// The pool shrinks under web's address: web keeps it (an event says
+	// so), and the advertisement of the pool it came from keeps
+	// announcing it.
+	cr.apply(v1alpha1.LoadBalancerIPPools, "lab", `{addresses: ["203.0.113.32/27"]}`)
+	eventSaying(t, c, "default", "web", "IPOutsidePools", vip)
+	time.Sleep(2 * time.Second) // what a withdrawal would have needed to reach BIRD
+	lab.waitHopsFor(t, vip, "an address kept outside the shrunk pool stays announced", "10.0.0.11", "10.0.0.12")
+	lab.routeAttrs(t, vip+"/32", "the kept address's route", "BGP.community: (65000,200)")
 }
