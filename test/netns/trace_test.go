@@ -40,10 +40,12 @@ func agentTrace(t *testing.T, c *netns.Cluster, node *netns.Node, from, to strin
 }
 
 // tracedPods are the pods the trace's outcomes DNAT to (all accepted),
-// and whether every outcome masquerades.
-func tracedPods(t *testing.T, c *netns.Cluster, tr *dataplane.Trace, port int) (pods []*netns.Pod, masq bool) {
+// and the outcome for each, by pod name: whether the connection is
+// masqueraded differs by pod (a pod that reaches itself through the
+// Service is, hairpin; the others need not be).
+func tracedPods(t *testing.T, c *netns.Cluster, tr *dataplane.Trace, port int) (pods []*netns.Pod, outcome map[string]dataplane.TraceOutcome) {
 	t.Helper()
-	masq = len(tr.Outcomes) > 0
+	outcome = map[string]dataplane.TraceOutcome{}
 	for _, o := range tr.Outcomes {
 		if o.Verdict != "accept" || o.Endpoint == "" {
 			t.Fatalf("trace %s -> %s: outcome %+v, want a DNAT to a pod", tr.From, tr.To, o)
@@ -57,9 +59,9 @@ func tracedPods(t *testing.T, c *netns.Cluster, tr *dataplane.Trace, port int) (
 			t.Fatalf("trace %s -> %s: endpoint %s is no pod", tr.From, tr.To, o.Endpoint)
 		}
 		pods = append(pods, c.Pods()[i])
-		masq = masq && o.Masquerade
+		outcome[c.Pods()[i].Name] = o
 	}
-	return pods, masq
+	return pods, outcome
 }
 
 // testAgentTrace: for each way into a Service, `agent trace` names the
@@ -93,17 +95,26 @@ func testAgentTrace(t *testing.T, c *netns.Cluster, _ *latencies) {
 			if tr.Match == nil {
 				t.Fatalf("trace %s -> %s matched no Service:\n%+v", way.from, way.to, tr)
 			}
-			want, masq := tracedPods(t, c, tr, netns.PortHTTP)
+			want, outcome := tracedPods(t, c, tr, netns.PortHTTP)
 			// Every pod the trace names answers, and no other.
 			if _, err := netns.WaitBackends(ctx, way.fromNetns, "tcp", way.to, want, since); err != nil {
 				t.Fatalf("the trace says %v: %v", podNames(want), err)
 			}
-			rep, err := nsutil.Request(ctx, way.fromNetns, "tcp", way.to)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if kept := rep.SourceIP() == way.from; kept == masq {
-				t.Errorf("the trace says masquerade %v (%s), the pod saw source %s from client %s", masq, tr.Outcomes[0].Why, rep.SourceIP(), way.from)
+			// Each connection's source is as the trace says for the pod
+			// it reached: several, so that a pod reaching itself is seen
+			// too.
+			for range 2 * len(want) {
+				rep, err := nsutil.Request(ctx, way.fromNetns, "tcp", way.to)
+				if err != nil {
+					t.Fatal(err)
+				}
+				o, ok := outcome[rep.Name]
+				if !ok {
+					t.Fatalf("%s answered, which the trace does not name", rep.Name)
+				}
+				if kept := rep.SourceIP() == way.from; kept == o.Masquerade {
+					t.Errorf("the trace says masquerade %v towards %s (%s), the pod saw source %s from client %s", o.Masquerade, rep.Name, o.Why, rep.SourceIP(), way.from)
+				}
 			}
 		})
 	}
