@@ -46,8 +46,11 @@ func (r *routeAttrs) aggregates() bool {
 // of is the route of ip under the attributes.
 func (r *routeAttrs) of(ip netip.Addr) bgp.Route {
 	ip = ip.Unmap()
-	bits := ip.BitLen()
-	if l := map[bool]int{false: r.agg4, true: r.agg6}[ip.Is6()]; l != 0 {
+	bits, l := ip.BitLen(), r.agg4
+	if ip.Is6() {
+		l = r.agg6
+	}
+	if l != 0 {
 		bits = l
 	}
 	return bgp.Route{Prefix: netip.PrefixFrom(ip, bits).Masked(), Communities: r.communities,

@@ -31,7 +31,7 @@ func (h *Hook) observeAnnounced(p Provider) {
 	n := a.announced()
 	h.phealth.metrics.Announced(p.Name(), n)
 	if b, ok := p.(*bgpProvider); ok {
-		h.bgpPeers.setAnnounced(h.phealth.metrics, len(b.sp.Announced())) // prefixes, aggregates included
+		h.bgpPeers.setAnnounced(h.phealth.metrics, b.prefixes) // aggregates included
 	}
 }
 

@@ -17,11 +17,12 @@ import (
 	"github.com/onehop/onehop/portal"
 )
 
-// bgpProvider announces, from this node, every IP it serves; ips is how
-// many of them have a route out (an aggregate carries several).
+// bgpProvider announces, from this node, every IP it serves; after an
+// update, ips is how many of them have a route out (an aggregate carries
+// several) and prefixes how many routes there are.
 type bgpProvider struct {
-	sp  *bgp.Speaker
-	ips int
+	sp            *bgp.Speaker
+	ips, prefixes int
 }
 
 func (p *bgpProvider) Name() string { return "bgp" }
@@ -38,8 +39,10 @@ func (p *bgpProvider) Update(_ context.Context, s *State) error {
 		}
 	}
 	err := p.sp.SetRoutes(routes)
-	out := map[netip.Prefix]bool{}
-	for _, pfx := range p.sp.Announced() {
+	announced := p.sp.Announced()
+	p.prefixes = len(announced)
+	out := make(map[netip.Prefix]bool, len(announced))
+	for _, pfx := range announced {
 		out[pfx] = true
 	}
 	p.ips = 0
