@@ -139,6 +139,13 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 	if had && old.rv == lease.ResourceVersion {
 		at = old.at
 	}
+	// A node judged dead that renews again (its agent started again after
+	// a crash, which leaves the Lease behind) is alive from now: the hook
+	// must look at once, or the node that took its IPs over would keep
+	// answering beside it. A renewal of a node alive anyway changes
+	// nothing the hook acts on.
+	ref, _ := l.refLocked(now)
+	back := had && node != l.node && at != old.at && ref.Sub(old.at) >= l.duration && ref.Sub(at) < l.duration
 	var outage time.Duration
 	resumed := false
 	if node == l.node && at == now && !l.ownRenew.IsZero() {
@@ -152,7 +159,7 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 			l.resumed()
 		}
 	}
-	if !had || resumed {
+	if !had || back || resumed {
 		l.changed()
 	}
 }

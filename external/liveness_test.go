@@ -19,11 +19,13 @@ type clockedLiveness struct {
 	clock   time.Time
 	rv      map[string]int
 	resumes int
+	// changes counts the hook's wake-ups (changed).
+	changes int
 }
 
 func newClockedLiveness(t *testing.T) *clockedLiveness {
 	c := &clockedLiveness{t: t, clock: time.Unix(1_000_000, 0), rv: map[string]int{}}
-	c.liveness = newLiveness(nil, "default", "a", time.Second, 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), func() {})
+	c.liveness = newLiveness(nil, "default", "a", time.Second, 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), func() { c.changes++ })
 	c.liveness.now = func() time.Time { return c.clock }
 	c.liveness.resumed = func() { c.resumes++ }
 	c.ownRenew = c.clock
@@ -68,6 +70,43 @@ func TestLivenessNodeDiesWhileInContact(t *testing.T) {
 	c.want("b silent 3.5 s", map[string]bool{"a": true, "b": false, "c": true})
 	if c.resumes != 0 {
 		t.Errorf("resumed %d times without an outage", c.resumes)
+	}
+}
+
+// TestLivenessNodeBack: a node whose agent crashed leaves its Lease
+// behind; when a new agent renews it, the node is alive again and the
+// hook is woken at once (the node that took its IPs over must give them
+// back), whether the Lease was seen alive before or was already stale when
+// first listed. Renewals of a node alive anyway wake nothing.
+func TestLivenessNodeBack(t *testing.T) {
+	c := newClockedLiveness(t)
+	c.advance(5*time.Second, time.Second, "a", "b")
+	c.changes = 0
+	c.advance(5*time.Second, time.Second, "a", "b")
+	if c.changes != 0 {
+		t.Errorf("renewals of live nodes woke the hook %d times", c.changes)
+	}
+	c.advance(4*time.Second, time.Second, "a") // b's agent crashed
+	c.want("b's agent dead", map[string]bool{"b": false})
+	c.changes = 0
+	c.clock = c.clock.Add(300 * time.Millisecond)
+	c.renewed("b") // its new agent's first renewal
+	c.want("b's agent started again", map[string]bool{"b": true})
+	if c.changes != 1 {
+		t.Errorf("b back: the hook was woken %d times, want 1", c.changes)
+	}
+
+	// c's Lease is stale when first listed (its agent died long ago).
+	stale := metav1.NewMicroTime(c.clock.Add(-time.Minute))
+	c.observe(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leasePrefix + "c", ResourceVersion: "stale"},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &stale}})
+	c.want("c listed stale", map[string]bool{"c": false})
+	c.changes = 0
+	c.clock = c.clock.Add(time.Second)
+	c.renewed("c")
+	c.want("c's agent started", map[string]bool{"c": true})
+	if c.changes != 1 {
+		t.Errorf("c back: the hook was woken %d times, want 1", c.changes)
 	}
 }
 

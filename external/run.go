@@ -126,8 +126,9 @@ func (h *Hook) Run(ctx context.Context) error {
 		return err
 	}
 	// Every change the hook acts on comes with a poke (informer events,
-	// what the dataplane serves, leadership, a node's first or last Lease)
-	// except one: a node whose Lease renewals stop. For that the hook
+	// what the dataplane serves, leadership, a node's first or last Lease,
+	// a dead node's Lease renewed again) except one: a node whose Lease
+	// renewals stop. For that the hook
 	// sleeps until the earliest moment one could expire (nextChange), not
 	// on a fixed tick, so an idle node computes nothing.
 	// A burst of changes (endpoint churn, every sync of the dataplane) is

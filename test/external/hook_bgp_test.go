@@ -162,13 +162,20 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 // node given (node -> pod IP).
 func setEndpoints(t *testing.T, c kubernetes.Interface, svc string, eps map[string]string) {
 	t.Helper()
+	putSlice(t, c, svc, svc+"-1", discoveryv1.AddressTypeIPv4, eps)
+}
+
+// putSlice creates or replaces the Service's EndpointSlice name, of one
+// address type, with one ready endpoint per node given (node -> pod IP).
+func putSlice(t *testing.T, c kubernetes.Interface, svc, name string, family discoveryv1.AddressType, eps map[string]string) {
+	t.Helper()
 	ctx := context.Background()
 	ready := true
-	port, proto, name := int32(8080), corev1.ProtocolTCP, ""
+	port, proto, portName := int32(8080), corev1.ProtocolTCP, ""
 	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: family,
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
 	}
 	for node, ip := range eps {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: new(node), Conditions: discoveryv1.EndpointConditions{Ready: &ready}})

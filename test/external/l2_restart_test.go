@@ -1,0 +1,152 @@
+package external
+
+import (
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/l2"
+)
+
+// TestL2OneOwnerAfterRestart: the L2 provider as deploy/ ships it on two
+// nodes, a dual-stack Service with an address of each family, and a client
+// that asks who answers for both every 50 ms (broadcast ARP request,
+// neighbour solicitation). The agent of each address's owner is SIGKILLed
+// and the other node takes the address over once the owner's Lease
+// expires; then the killed agent starts again, its Lease renews, and it
+// takes its addresses back. From then on one node alone may answer: the
+// survivor must stop within a handover, never answer beside the owner
+// afterwards, and no request may get two answers at any other moment of
+// the test. The times measured (kill -> takeover, restart -> one owner)
+// are logged.
+func TestL2OneOwnerAfterRestart(t *testing.T) {
+	lab := newL2Lab(t)
+	cp, c := lab.twoNodeCluster("sw")
+	sp := newSplit(t, cp)
+	cfg := sp.config(external.Config{
+		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
+		L2:    &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
+	})
+	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
+	sp.runController(cfg, "onehop-controller-0", "")
+	agents := map[string]*exec.Cmd{}
+	for _, n := range []string{"node1", "node2"} {
+		agents[n] = sp.startNodeAgent(lab, n, cfg)
+	}
+	createLB(t, c, "web", 80, func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicyRequireDualStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	})
+	if ips := lbIPs(t, c, "web", "allocation", func(ips []string) bool { return len(ips) == 2 }); !slices.Contains(ips, vip) || !slices.Contains(ips, vip6) {
+		t.Fatalf("web got %v, want %s and %s", ips, vip, vip6)
+	}
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
+	putSlice(t, c, "web", "web-6", discoveryv1.AddressTypeIPv6, map[string]string{"node1": "fd00:244:1::2", "node2": "fd00:244:2::2"})
+
+	mac := map[string]string{"node1": lab.mac("node1", "eth0"), "node2": lab.mac("node2", "eth0")}
+	other := map[string]string{"node1": "node2", "node2": "node1"}
+	pod := map[string]string{"node1": "pod1", "node2": "pod2"}
+	owners := map[string]string{}
+	for _, ip := range []string{vip, vip6} {
+		owners[ip] = l2.Owner(netip4(ip), []string{"node1", "node2"})
+	}
+	probe := lab.startL2Prober("client", "eth0", vip, vip6)
+	// Starting agents may each claim an address until they have seen the
+	// other's Lease: the test judges from a settled state on.
+	settled := time.Now()
+	for ip, owner := range owners {
+		if at, ok := probe.waitAnswers(ip, settled, 30*time.Second, mac[owner]); !ok {
+			t.Fatalf("%s never settled on its owner %s (%s): %v", ip, owner, mac[owner], probe.tail(ip, 5))
+		} else if at.After(settled) {
+			settled = at
+		}
+	}
+	hostPort := map[string]string{vip: vip + ":80", vip6: "[" + vip6 + "]:80"}
+	for ip, owner := range owners {
+		if got, err := lab.get("client", hostPort[ip]); err != nil || got != pod[owner] {
+			t.Fatalf("client -> %s: %q, %v; want %s", hostPort[ip], got, err, pod[owner])
+		}
+	}
+
+	// allowed are the handovers: from an owner's first answer after its
+	// restart until it answered alone.
+	type window struct {
+		ip       string
+		from, to time.Time
+	}
+	var allowed []window
+	var killed []string // each owner once
+	for _, ip := range []string{vip, vip6} {
+		if !slices.Contains(killed, owners[ip]) {
+			killed = append(killed, owners[ip])
+		}
+	}
+	for _, x := range killed {
+		y := other[x]
+		var mine []string
+		for ip, owner := range owners {
+			if owner == x {
+				mine = append(mine, ip)
+			}
+		}
+		slices.Sort(mine)
+
+		tKill := time.Now()
+		_ = agents[x].Process.Kill()
+		for _, ip := range mine {
+			at, ok := probe.waitAnswers(ip, tKill, 15*time.Second, mac[y])
+			if !ok {
+				t.Fatalf("%s's agent killed: %s not taken over by %s (%s): %v", x, ip, y, mac[y], probe.tail(ip, 5))
+			}
+			t.Logf("%s's agent SIGKILLed: %s answered by %s alone after %v (Lease 1.5 s)", x, ip, y, at.Sub(tKill).Round(time.Millisecond))
+		}
+
+		tStart := time.Now()
+		agents[x] = sp.startNodeAgent(lab, x, cfg)
+		for _, ip := range mine {
+			back, ok := probe.waitAnswerFrom(ip, tStart, 30*time.Second, mac[x])
+			if !ok {
+				t.Fatalf("%s's agent started again but never answered for %s: %v", x, ip, probe.tail(ip, 5))
+			}
+			// The handover: the survivor must stop answering soon after
+			// the owner answers again. The bound is generous (many Lease
+			// durations); a survivor that never stops fails it.
+			single, ok := probe.waitAnswers(ip, back.at, 10*time.Second, mac[x])
+			if !ok {
+				t.Fatalf("%s's agent took %s back but %s (%s) still answers beside it: %v", x, ip, y, mac[y], probe.tail(ip, 5))
+			}
+			allowed = append(allowed, window{ip, back.at, single})
+			t.Logf("%s's agent started again: %s answered by it after %v, by it alone after %v (%d requests answered twice in between)",
+				x, ip, back.at.Sub(tStart).Round(time.Millisecond), single.Sub(tStart).Round(time.Millisecond), len(probe.doubles(ip, back.at, single)))
+		}
+		// Past the handover, one owner, for many rounds.
+		steady := time.Now()
+		time.Sleep(3 * time.Second)
+		for _, ip := range mine {
+			for _, r := range probe.since(ip, steady) {
+				if !slices.Equal(r.macs, []string{mac[x]}) {
+					t.Fatalf("after the handover of %s back to %s (%s): %v", ip, x, mac[x], r)
+				}
+			}
+		}
+	}
+	// No double answer outside the handovers checked above: while the
+	// owners were killed, and for the addresses that did not move.
+	for _, ip := range []string{vip, vip6} {
+		for _, r := range probe.doubles(ip, settled, time.Now()) {
+			if !slices.ContainsFunc(allowed, func(w window) bool { return w.ip == ip && !r.at.Before(w.from) && r.at.Before(w.to) }) {
+				t.Errorf("two nodes answered one request outside a handover: %v", r)
+			}
+		}
+	}
+	for ip, owner := range owners {
+		if got, err := lab.get("client", hostPort[ip]); err != nil || got != pod[owner] {
+			t.Errorf("at the end client -> %s: %q, %v; want %s", hostPort[ip], got, err, pod[owner])
+		}
+	}
+}
