@@ -28,6 +28,10 @@ type DumpPort struct {
 	// Balancing is how a new connection's endpoint is picked when it is
 	// not at random: "maglev (1021 slots)".
 	Balancing string `json:"balancing,omitempty"`
+	// Topology says which endpoints topology hints left to the Cluster
+	// policy, and why: "node hints for <node>", "zone hints for <zone>",
+	// "none: <why>" (portal.Portal.Topology).
+	Topology string `json:"topology,omitempty"`
 }
 
 // DumpEntry is one way into a Service port.
@@ -79,6 +83,9 @@ func (d *Dump) WriteTable(w io.Writer) error {
 		}
 		if p.Balancing != "" {
 			fmt.Fprintf(tw, "  balancing\t%s\n", p.Balancing)
+		}
+		if p.Topology != "" {
+			fmt.Fprintf(tw, "  topology\t%s\n", p.Topology)
 		}
 		for _, ep := range p.Endpoints {
 			extra := []string{}

@@ -219,6 +219,11 @@ func (k *kernelTable) dump() *dataplane.Dump {
 			continue
 		}
 		p := port(pk)
+		if rules := k.rules[name]; (kind == kindService || kind == kindAll) && len(rules) > 0 {
+			if text := tagTopology(rules[0].UserData); text != "" {
+				p.Topology = text
+			}
+		}
 		for _, r := range k.rules[name] {
 			if size, ok := maglevSlots(r); ok {
 				p.Balancing = fmt.Sprintf("maglev (%d slots)", size)

@@ -26,6 +26,9 @@ type chainBody struct {
 	// with affinity, whose chains remember a client's endpoint and pick
 	// a new client's at random.
 	maglev bool
+	// topology is the portal's Topology, on the chain that holds its
+	// Cluster-policy endpoints: its rules' tag carries it for dump-rules.
+	topology string
 }
 
 // usesEndpointMap: the chain picks its endpoints from the family's
@@ -45,7 +48,7 @@ func (b chainBody) equal(o chainBody) bool {
 // rules while the size of its table stays (and it has endpoints).
 func (b chainBody) sameRules(o chainBody) bool {
 	return b.family == o.family && b.shortCircuit == o.shortCircuit &&
-		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev &&
+		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev && b.topology == o.topology &&
 		(len(b.endpoints) == 0) == (len(o.endpoints) == 0) && b.tableSize() == o.tableSize()
 }
 
@@ -136,7 +139,13 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 		internal = p.LocalEndpoints
 	}
 	if len(internal) > 0 {
-		o.chains[svcChain] = chainBody{family: f, endpoints: internal, affinity: aff, maglev: mg}
+		body := chainBody{family: f, endpoints: internal, affinity: aff, maglev: mg}
+		if !p.InternalLocal || !p.HasExternal() {
+			// Its endpoints are the Cluster policy's, or there are none
+			// such: the topology line says why.
+			body.topology = p.Topology
+		}
+		o.chains[svcChain] = body
 	}
 	for _, ip := range p.ClusterIPs {
 		key := vipKey(ip, k.Protocol, p.Port)
@@ -158,7 +167,7 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 		allChain := svcChain
 		if p.InternalLocal && hasEps {
 			allChain = portalChain(kindAll, k)
-			o.chains[allChain] = chainBody{family: f, endpoints: p.ClusterEndpoints, affinity: aff, maglev: mg}
+			o.chains[allChain] = chainBody{family: f, endpoints: p.ClusterEndpoints, affinity: aff, maglev: mg, topology: p.Topology}
 		}
 		target, mark := allChain, true
 		if p.ExternalLocal && hasEps {

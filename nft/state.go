@@ -45,12 +45,42 @@ func ruleTag[T string | []byte](id uint32, content T) []byte {
 // parseTag returns the chain id in a rule tag written by this layout
 // version.
 func parseTag(tag []byte) (uint32, bool) {
-	f := strings.Fields(string(tag))
-	if len(f) != 3 || f[0] != layoutVersion {
+	f := strings.SplitN(string(tag), " ", 4)
+	if len(f) < 3 || f[0] != layoutVersion || len(f) == 4 && !strings.HasPrefix(f[3], topologyTag) {
 		return 0, false
 	}
 	id, err := strconv.ParseUint(f[1], 10, 32)
 	return uint32(id), err == nil
+}
+
+// topologyTag follows the hash in the tag of a chain that holds a
+// portal's Cluster-policy endpoints when the portal says how topology
+// chose them: dump-rules reads it back, as the kernel holds no other
+// text for a chain's rules.
+const topologyTag = "topology="
+
+// maxTopologyText bounds the topology text in a tag: a rule's user data
+// holds 256 bytes (NFT_USERDATA_MAXLEN), the rest of the tag under 40.
+const maxTopologyText = 200
+
+// withTopology appends text to tag, cut to maxTopologyText bytes.
+func withTopology(tag []byte, text string) []byte {
+	if text == "" {
+		return tag
+	}
+	if len(text) > maxTopologyText {
+		text = text[:maxTopologyText-3] + "..."
+	}
+	return append(append(append(tag, ' '), topologyTag...), text...)
+}
+
+// tagTopology returns the topology text of a tag, "" when it has none.
+func tagTopology(tag []byte) string {
+	f := strings.SplitN(string(tag), " ", 4)
+	if len(f) < 4 || f[0] != layoutVersion {
+		return ""
+	}
+	return strings.TrimPrefix(f[3], topologyTag)
 }
 
 // bodyTag is the tag of a per-portal chain with id holding body: ruleTag
@@ -96,7 +126,7 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 		// switched between random and maglev is rewritten on restart.
 		buf = append(buf, "|maglev"...)
 	}
-	return ruleTag(id, buf)
+	return withTopology(ruleTag(id, buf), body.topology)
 }
 
 // cfgKey is what of the configuration the rules are made from (the

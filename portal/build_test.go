@@ -34,6 +34,7 @@ type ep struct {
 	node                        string
 	ready, serving, terminating *bool
 	zones                       []string
+	nodes                       []string // hints.forNodes
 }
 
 func slice(name string, at discovery.AddressType, port int32, eps ...ep) *discovery.EndpointSlice {
@@ -47,10 +48,13 @@ func slice(name string, at discovery.AddressType, port int32, eps ...ep) *discov
 		if e.node != "" {
 			d.NodeName = ptr.To(e.node)
 		}
-		if len(e.zones) > 0 {
+		if len(e.zones)+len(e.nodes) > 0 {
 			d.Hints = &discovery.EndpointHints{}
 			for _, z := range e.zones {
 				d.Hints.ForZones = append(d.Hints.ForZones, discovery.ForZone{Name: z})
+			}
+			for _, n := range e.nodes {
+				d.Hints.ForNodes = append(d.Hints.ForNodes, discovery.ForNode{Name: n})
 			}
 		}
 		es.Endpoints = append(es.Endpoints, d)

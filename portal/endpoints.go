@@ -15,20 +15,34 @@ type candidate struct {
 	serving     bool
 	terminating bool
 	local       bool
-	zoneHints   []string
+	// nodeHints and zoneHints are the endpoint's hints.forNodes and
+	// hints.forZones (topology.go).
+	nodeHints []string
+	zoneHints []string
 }
 
 // endpoints fills p.ClusterEndpoints and p.LocalEndpoints from the slices,
 // with kube-proxy's rules: ready endpoints; when none is ready, serving
-// terminating ones; topology hints only when every endpoint has them and
-// one of them is for this node's zone.
+// terminating ones. Topology hints (topology.go) narrow the ready
+// endpoints of the Cluster policy, never the Local policy's, and only when
+// the port uses the Cluster policy at all: a port with
+// internalTrafficPolicy: Local and no external way in does not.
 func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.EndpointSlice) {
 	cands := b.candidates(p, sp, eslices)
 	ready := func(c candidate) bool { return c.ready }
 	terminating := func(c candidate) bool { return c.serving && c.terminating }
 
-	topo := b.useTopology(cands)
-	cluster := pick(cands, func(c candidate) bool { return ready(c) && (topo == "" || slices.Contains(c.zoneHints, topo)) })
+	node, zone := b.cfg.NodeName, b.cfg.NodeZone
+	var topo topology
+	if !p.InternalLocal || p.HasExternal() {
+		topo = chooseTopology(cands, node, zone, asksForTopology(b.svc))
+	} else if asksForTopology(b.svc) {
+		topo.why = "none: internalTrafficPolicy Local serves this node's endpoints only"
+	}
+	p.Topology = topo.why
+	cluster := pick(cands, func(c candidate) bool { return ready(c) && topo.allows(c, node, zone) })
+	// No ready endpoint anywhere (the mode would have been none had there
+	// been one): serving terminating ones, whatever their hints.
 	if len(cluster) == 0 {
 		cluster = pick(cands, terminating)
 	}
@@ -81,34 +95,6 @@ func pick(cands []candidate, keep func(candidate) bool) []netip.AddrPort {
 	return out
 }
 
-// useTopology returns the zone to filter by, or "" when hints don't apply.
-func (b *builder) useTopology(cands []candidate) string {
-	svc := b.svc
-	wanted := svc.Spec.TrafficDistribution != nil ||
-		svc.Annotations[v1.AnnotationTopologyMode] != "" && svc.Annotations[v1.AnnotationTopologyMode] != "Disabled" ||
-		svc.Annotations["service.kubernetes.io/topology-aware-hints"] != "" && svc.Annotations["service.kubernetes.io/topology-aware-hints"] != "Disabled"
-	zone := b.cfg.NodeZone
-	if !wanted || zone == "" {
-		return ""
-	}
-	mine := false
-	for _, c := range cands {
-		if !c.ready {
-			continue
-		}
-		if len(c.zoneHints) == 0 {
-			return "" // all or nothing: one endpoint without hints disables them
-		}
-		if slices.Contains(c.zoneHints, zone) {
-			mine = true
-		}
-	}
-	if !mine {
-		return ""
-	}
-	return zone
-}
-
 func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery.EndpointSlice) []candidate {
 	want := discovery.AddressTypeIPv4
 	if p.Key.Family == IPv6 {
@@ -136,6 +122,9 @@ func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery
 				c.serving = *ep.Conditions.Serving
 			}
 			if ep.Hints != nil {
+				for _, n := range ep.Hints.ForNodes {
+					c.nodeHints = append(c.nodeHints, n.Name)
+				}
 				for _, z := range ep.Hints.ForZones {
 					c.zoneHints = append(c.zoneHints, z.Name)
 				}

@@ -130,6 +130,11 @@ type Portal struct {
 	// LocalEndpoints are the endpoints on this node, chosen the same way
 	// among local ones; used by Local policies.
 	LocalEndpoints []netip.AddrPort
+	// Topology says how topology hints narrowed ClusterEndpoints, for
+	// dump-rules: "node hints for <node>", "zone hints for <zone>", or
+	// "none: <why>"; "" when the Service neither asks for a traffic
+	// distribution nor has hints.
+	Topology string
 	// Hairpin are the addresses of the endpoints on this node among
 	// ClusterEndpoints and LocalEndpoints, sorted: the pods that may reach
 	// themselves through the Service, whose traffic must then be
@@ -152,7 +157,7 @@ func (p *Portal) Equal(q *Portal) bool {
 	}
 	return p.Key == q.Key && p.Port == q.Port && p.NodePort == q.NodePort &&
 		p.ExternalLocal == q.ExternalLocal && p.InternalLocal == q.InternalLocal &&
-		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady && p.Scheduler == q.Scheduler && p.Balancing == q.Balancing &&
+		p.HealthCheckNodePort == q.HealthCheckNodePort && p.Affinity == q.Affinity && p.LocalReady == q.LocalReady && p.Scheduler == q.Scheduler && p.Balancing == q.Balancing && p.Topology == q.Topology &&
 		slices.Equal(p.ClusterIPs, q.ClusterIPs) &&
 		slices.Equal(p.ExternalIPs, q.ExternalIPs) &&
 		slices.Equal(p.LoadBalancerIPs, q.LoadBalancerIPs) &&
