@@ -775,7 +775,7 @@ func labels(pl *plan, t *touched, dirty []portal.ServiceKey, scratch *plan) stri
 		}
 	}
 	for p := range ports {
-		out = append(out, p+" "+fmt.Sprint(pl.Local[p]))
+		out = append(out, p+" "+fmt.Sprint(pl.Local[p])+" "+pl.Topology[p])
 	}
 	slices.Sort(out)
 	return fmt.Sprint(out)

@@ -54,7 +54,7 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 		}
 		p := ports[name.Service]
 		if p == nil {
-			p = &dataplane.DumpPort{Service: name.Service}
+			p = &dataplane.DumpPort{Service: name.Service, Topology: name.Topology}
 			ports[name.Service] = p
 		}
 		addr := fmt.Sprintf("%s/%s", netip.AddrPortFrom(v.Key.Addr, v.Key.Port), v.Key.Proto)

@@ -100,6 +100,9 @@ type plan struct {
 	Sets map[string]rangeSet
 	// Local endpoints per portal, for Dump's local flag.
 	Local map[string][]string
+	// Topology per portal (portal.Portal.Topology), for Dump: set for the
+	// portals in Local that have one.
+	Topology map[string]string
 	// Conflicts are entries another Service's portal already claimed.
 	Conflicts []string
 	// Panics are the Services left out because planning them panicked
@@ -150,7 +153,7 @@ type planInput struct {
 
 func newPlan() *plan {
 	return &plan{Servers: map[vsKey]*virtualServer{}, VIPs: map[netip.Addr]bool{}, Rules: map[string]rule{},
-		SRChains: map[string]srChain{}, Sets: map[string]rangeSet{}, Local: map[string][]string{},
+		SRChains: map[string]srChain{}, Sets: map[string]rangeSet{}, Local: map[string][]string{}, Topology: map[string]string{},
 		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SetRefs: map[string]int{}}
 }
 
@@ -231,6 +234,7 @@ func (pl *plan) removeService(k portal.ServiceKey) {
 	}
 	for _, l := range pt.Local {
 		delete(pl.Local, l)
+		delete(pl.Topology, l)
 	}
 }
 
@@ -341,6 +345,9 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		local = append(local, e.String())
 	}
 	pl.Local[p.Key.String()] = local
+	if p.Topology != "" {
+		pl.Topology[p.Key.String()] = p.Topology
+	}
 	pt.Local = append(pt.Local, p.Key.String())
 
 	add := func(addr netip.Addr, port uint16, kind string, eps []netip.AddrPort) bool {

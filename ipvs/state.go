@@ -17,6 +17,8 @@ type stateEntry struct {
 	Service string   `json:"service"`
 	Kind    string   `json:"kind"`
 	Local   []string `json:"local,omitempty"` // the port's local endpoints
+	// Topology is the port's portal.Portal.Topology.
+	Topology string `json:"topology,omitempty"`
 }
 
 func readState(path string) map[string]stateEntry {
@@ -33,7 +35,7 @@ func readState(path string) map[string]stateEntry {
 func writeState(path string, pl *plan) error {
 	m := make(map[string]stateEntry, len(pl.Servers))
 	for k, v := range pl.Servers {
-		m[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: pl.Local[v.Portal.String()]}
+		m[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: pl.Local[v.Portal.String()], Topology: pl.Topology[v.Portal.String()]}
 	}
 	b, err := json.MarshalIndent(m, "", " ")
 	if err != nil {
@@ -80,7 +82,8 @@ func (b *Backend) namesLocked() map[string]stateEntry {
 	names := readState(b.stateFile)
 	if b.applied != nil {
 		for k, v := range b.applied.Servers {
-			names[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: b.applied.Local[v.Portal.String()]}
+			names[k.String()] = stateEntry{Service: v.Portal.String(), Kind: v.Kind, Local: b.applied.Local[v.Portal.String()],
+				Topology: b.applied.Topology[v.Portal.String()]}
 		}
 	}
 	return names
