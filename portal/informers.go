@@ -69,14 +69,20 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 		}))
 	var f informers.SharedInformerFactory
 	var svcs, eps cache.SharedIndexInformer
+	// match is the selection the handlers apply: all of it over a shared
+	// watch, none where the API server selects.
+	match := sel
 	if s.Watch != nil {
 		svcs, eps = s.Watch.Services(), s.Watch.Slices()
 	} else {
+		// The tweak runs at every list and watch, long after Start
+		// returns: it holds the selector's text, not a variable.
+		apiSelector := sel.String()
 		f = informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = apiSelector }))
 		svcs = f.Core().V1().Services().Informer()
 		eps = f.Discovery().V1().EndpointSlices().Informer()
-		sel = labels.Everything() // the API server selected
+		match = labels.Everything()
 	}
 	nodes := nf.Core().V1().Nodes().Informer()
 	// Synced means every object of the first listing has reached the
@@ -84,11 +90,11 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	// whole ruleset, and a store that is full while the handler is still
 	// behind would program part of the cluster (and drop the rest) for as
 	// long as the handler takes to catch up.
-	svcReg, err := svcs.AddEventHandler(selected(sel, t.SetService, func(svc *v1.Service) { t.DeleteService(svc.Namespace, svc.Name) }))
+	svcReg, err := svcs.AddEventHandler(selected(match, t.SetService, func(svc *v1.Service) { t.DeleteService(svc.Namespace, svc.Name) }))
 	if err != nil {
 		return nil, err
 	}
-	epsReg, err := eps.AddEventHandler(selected(sel, t.SetSlice, t.DeleteSlice))
+	epsReg, err := eps.AddEventHandler(selected(match, t.SetSlice, t.DeleteSlice))
 	if err != nil {
 		return nil, err
 	}

@@ -3,13 +3,16 @@ package portal
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // TestInformersSyncedMeansTrackerHasEverything: the agent's first sync
@@ -46,5 +49,59 @@ func TestInformersSyncedMeansTrackerHasEverything(t *testing.T) {
 	}
 	if missing > 0 {
 		t.Errorf("informers reported synced with %d of %d Services not yet in the Tracker", missing, n)
+	}
+}
+
+// TestInformersAskTheAPIServerForTheirPart: without a shared watch the
+// API server selects (the handlers take all they are sent), so the
+// selection must reach every list and watch request, made long after Start
+// returned: a slice labelled headless and a Service of another proxy are
+// never in the model.
+func TestInformersAskTheAPIServerForTheirPart(t *testing.T) {
+	svc := func(name string, labels map[string]string) *v1.Service {
+		return &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: labels},
+			Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, Ports: []v1.ServicePort{{Name: "p", Protocol: v1.ProtocolTCP, Port: 80}}}}
+	}
+	slice := func(svc string, labels map[string]string) *discovery.EndpointSlice {
+		l := map[string]string{LabelServiceName: svc}
+		for k, v := range labels {
+			l[k] = v
+		}
+		return &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: svc + "-x", Labels: l},
+			AddressType: discovery.AddressTypeIPv4}
+	}
+	var requested []string
+	client := fake.NewClientset(svc("web", nil), svc("their", map[string]string{LabelServiceProxyName: "someone-else"}),
+		slice("web", map[string]string{LabelHeadless: ""}))
+	client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if r := a.GetResource().Resource; r == "services" || r == "endpointslices" {
+			requested = append(requested, r+": "+a.(k8stesting.ListAction).GetListRestrictions().Labels.String())
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tr := NewTracker(Config{NodeName: "n1"}, nil, nil)
+	synced, err := (&Informers{Client: client, NodeName: "n1"}).Start(ctx, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitForSync(ctx, synced); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := proxyLabelSelector("")
+	for _, r := range requested {
+		if !strings.HasSuffix(r, ": "+want.String()) {
+			t.Errorf("list request %q; want the selection %q", r, want)
+		}
+	}
+	if len(requested) < 2 {
+		t.Errorf("list requests %v; want Services and EndpointSlices", requested)
+	}
+	tr.mu.Lock()
+	n := len(tr.slices)
+	tr.mu.Unlock()
+	if tr.Service(ServiceKey{Namespace: "shop", Name: "their"}) != nil || n != 0 {
+		t.Errorf("the model holds another proxy's Service or a headless slice (%d slices)", n)
 	}
 }

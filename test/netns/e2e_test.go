@@ -41,6 +41,7 @@ func TestE2E(t *testing.T) {
 		{"LoadBalancerLocalKeepsClientIP", testLoadBalancerLocal},
 		{"DeleteStopsRecreateRestores", testDeleteRecreate},
 		{"EndpointAddedRemoved", testEndpointChanges},
+		{"ProxyLabels", testProxyLabels},
 		{"AgentTraceMatchesTraffic", testAgentTrace},
 		{"AgentRestartUnderLoad", testAgentRestart},
 	}
