@@ -54,7 +54,7 @@ func trim(obj any, keepSelector bool) (any, error) {
 var sliceLabels = [...]string{LabelServiceName, LabelServiceProxyName, LabelHeadless}
 
 // trimSlice keeps of an EndpointSlice what the model reads (addresses,
-// conditions, node name, zone hints, ports, the labels of sliceLabels and
+// conditions, node name, topology hints, ports, the labels of sliceLabels and
 // the trigger-time annotation) in as little memory as it takes.
 func trimSlice(es *discovery.EndpointSlice) {
 	n := 0

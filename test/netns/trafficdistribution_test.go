@@ -34,43 +34,70 @@ func TestTrafficDistribution(t *testing.T) {
 	e1, e2, e3 := n1.Pods[1], n2.Pods[1], n3.Pods[1]
 
 	t.Run("PreferSameNode", func(t *testing.T) {
-		svc := distributed(t, c, "near-node", v1.ServiceTrafficDistributionPreferSameNode)
+		svc := distributed(t, c, "near-node", v1.ServiceTypeClusterIP, v1.ServiceTrafficDistributionPreferSameNode)
 		addr := hostPort(svc.Spec.ClusterIP, 80)
 
 		// Every node has an endpoint: each pod reaches its own node's.
 		setHinted(t, c, svc, e1, e2, e3)
-		answeredBy(t, n1.Pods[0], addr, e1)
-		answeredBy(t, n2.Pods[0], addr, e2)
+		answeredBy(t, from(n1.Pods[0]), addr, e1)
+		answeredBy(t, from(n2.Pods[0]), addr, e2)
 		dumpSays(t, c, n1, "default/near-node", "node hints for "+n1.Name)
 
 		// node-1's endpoint gone: no node hint names node-1, so zone
 		// hints decide: node-2's endpoint, in node-1's zone, not node-3's.
 		setHinted(t, c, svc, e2, e3)
-		answeredBy(t, n1.Pods[0], addr, e2)
+		answeredBy(t, from(n1.Pods[0]), addr, e2)
 		dumpSays(t, c, n1, "default/near-node", "zone hints for "+n1.Zone)
 
 		// Endpoints on node-3 only: neither node-1 nor its zone is
 		// hinted, so every endpoint serves node-1.
 		setHinted(t, c, svc, e3, n3.Pods[0])
-		answeredBy(t, n1.Pods[0], addr, e3, n3.Pods[0])
+		answeredBy(t, from(n1.Pods[0]), addr, e3, n3.Pods[0])
 		dumpSays(t, c, n1, "default/near-node", "none: no endpoint hinted for node "+n1.Name+"; no endpoint hinted for zone "+n1.Zone)
 	})
 
 	t.Run("PreferSameZone", func(t *testing.T) {
-		svc := distributed(t, c, "near-zone", v1.ServiceTrafficDistributionPreferSameZone)
+		svc := distributed(t, c, "near-zone", v1.ServiceTypeClusterIP, v1.ServiceTrafficDistributionPreferSameZone)
 		addr := hostPort(svc.Spec.ClusterIP, 80)
 
 		// node-1 reaches the endpoints of zone-a, on node-1 and node-2;
 		// node-3 its own zone's.
 		setHinted(t, c, svc, e1, e2, e3)
-		answeredBy(t, n1.Pods[0], addr, e1, e2)
-		answeredBy(t, n3.Pods[0], addr, e3)
+		answeredBy(t, from(n1.Pods[0]), addr, e1, e2)
+		answeredBy(t, from(n3.Pods[0]), addr, e3)
 		dumpSays(t, c, n1, "default/near-zone", "zone hints for "+n1.Zone)
 
 		// No endpoint in zone-a: all of them serve node-1.
 		setHinted(t, c, svc, e3, n3.Pods[0])
-		answeredBy(t, n1.Pods[0], addr, e3, n3.Pods[0])
+		answeredBy(t, from(n1.Pods[0]), addr, e3, n3.Pods[0])
 		dumpSays(t, c, n1, "default/near-zone", "none: no endpoint hinted for zone "+n1.Zone)
+	})
+
+	// External traffic under the Cluster policy is narrowed as cluster-IP
+	// traffic is, on the node it arrives at. Under the Local policy it
+	// reaches that node's endpoints, hints aside, while pods (and the
+	// node) reaching the node port go to the Cluster endpoints, narrowed.
+	t.Run("NodePort", func(t *testing.T) {
+		ctx := ctxFor(t)
+		svc := distributed(t, c, "near-np", v1.ServiceTypeNodePort, v1.ServiceTrafficDistributionPreferSameZone)
+		client := asker{"the external client", c.ClientNetns}
+		np := svc.Spec.Ports[0].NodePort
+		setHinted(t, c, svc, e1, e2, e3)
+		answeredBy(t, client, hostPort(n1.IP, np), e1, e2)
+		answeredBy(t, client, hostPort(n3.IP, np), e3)
+		dumpSays(t, c, n1, "default/near-np", "zone hints for "+n1.Zone)
+
+		cur, err := c.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		if _, err := c.Client.CoreV1().Services(svc.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		answeredBy(t, client, hostPort(n1.IP, np), e1)
+		answeredBy(t, from(n1.Pods[0]), hostPort(n1.IP, np), e1, e2)
+		dumpSays(t, c, n1, "default/near-np", "zone hints for "+n1.Zone)
 	})
 }
 
@@ -90,11 +117,11 @@ func setZone(t *testing.T, c *netns.Cluster, n *netns.Node, zone string) {
 	n.Zone = zone
 }
 
-// distributed creates a ClusterIP Service with trafficDistribution td,
+// distributed creates a Service of type typ with trafficDistribution td,
 // without endpoints yet.
-func distributed(t *testing.T, c *netns.Cluster, name, td string) *v1.Service {
+func distributed(t *testing.T, c *netns.Cluster, name string, typ v1.ServiceType, td string) *v1.Service {
 	t.Helper()
-	svc := service(name, v1.ServiceTypeClusterIP, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))
+	svc := service(name, typ, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))
 	svc.Spec.TrafficDistribution = ptr.To(td)
 	created, _ := expose(t, c, svc, nil)
 	return created
@@ -134,33 +161,38 @@ func setHinted(t *testing.T, c *netns.Cluster, svc *v1.Service, pods ...*netns.P
 	}
 }
 
-// answeredBy waits until from's requests to addr are answered by want
+// asker is where requests come from: a pod, or the external client.
+type asker struct{ name, netns string }
+
+func from(p *netns.Pod) asker { return asker{p.Name + " on " + p.Node.Name, p.Netns} }
+
+// answeredBy waits until who's requests to addr are answered by want
 // alone, every one of them (the agent has the new hints), then sends
 // trafficDistributionRequests more: each must come from want, and each
 // of want must answer one.
-func answeredBy(t *testing.T, from *netns.Pod, addr string, want ...*netns.Pod) {
+func answeredBy(t *testing.T, who asker, addr string, want ...*netns.Pod) {
 	t.Helper()
 	ctx := ctxFor(t)
-	if _, err := netns.WaitBackends(ctx, from.Netns, "tcp", addr, want, time.Now()); err != nil {
-		t.Fatalf("from %s (%s): %v", from.Name, from.Node.Name, err)
+	if _, err := netns.WaitBackends(ctx, who.netns, "tcp", addr, want, time.Now()); err != nil {
+		t.Fatalf("from %s: %v", who.name, err)
 	}
 	got := map[string]int{}
 	for i := 0; i < trafficDistributionRequests; i++ {
-		rep, err := nsutil.Request(ctx, from.Netns, "tcp", addr)
+		rep, err := nsutil.Request(ctx, who.netns, "tcp", addr)
 		if err != nil {
-			t.Fatalf("from %s: %v", from.Name, err)
+			t.Fatalf("from %s: %v", who.name, err)
 		}
 		got[rep.Name]++
 	}
 	n := 0
 	for _, p := range want {
 		if got[p.Name] == 0 {
-			t.Errorf("from %s (%s): %s never answered: %v", from.Name, from.Node.Name, p.Name, got)
+			t.Errorf("from %s to %s: %s never answered: %v", who.name, addr, p.Name, got)
 		}
 		n += got[p.Name]
 	}
 	if n != trafficDistributionRequests {
-		t.Errorf("from %s (%s): %d of %d answers from %s: %v", from.Name, from.Node.Name, n, trafficDistributionRequests, podNames(want), got)
+		t.Errorf("from %s to %s: %d of %d answers from %s: %v", who.name, addr, n, trafficDistributionRequests, podNames(want), got)
 	}
 }
 
