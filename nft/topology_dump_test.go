@@ -3,6 +3,7 @@ package nft
 import (
 	"context"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -89,5 +90,9 @@ func TestDumpTopology(t *testing.T) {
 	tp.sync(t, snapshot(near(long), local, plain), false)
 	if got := dumpTopology(t, tp.b)["default/near:p/tcp/ipv4"]; !strings.HasPrefix(long, strings.TrimSuffix(got, "...")) || len(got) != maxTopologyText {
 		t.Errorf("a long topology reads back as %q", got)
+	}
+	// nft reads no comment into such a tag: its listing is still onehop's.
+	if _, err := exec.LookPath("nft"); err == nil {
+		compareWithNft(t, tp, readTable(t, tp), requireNft(t))
 	}
 }
