@@ -58,7 +58,10 @@ import (
 // OnApplied walks it at most once per MinInterval. A change that arrives
 // sooner is cleaned, together with the ones that follow it, when the
 // interval is over, so a burst of changes costs one walk, and a change in
-// a quiet time is cleaned at once.
+// a quiet time is cleaned at once. Every version of a Service the kernel
+// had in between counts, not only the first and the last: a flow may have
+// begun through any of them (a Service that got an endpoint and lost it
+// again within the interval leaves flows DNATed to that endpoint).
 //
 // SCTP entries are matched by address only: the netlink library does not
 // decode SCTP ports, so an SCTP flow counts as stale when its destination
@@ -78,10 +81,11 @@ type ConntrackCleaner struct {
 	// once a whole snapshot has been taken in.
 	prev   map[portal.ServiceKey]*portal.Service
 	seeded bool
-	// pending holds the Services changed since (nil: deleted), as last
-	// applied; sctp the applied Services that have SCTP ports, and
-	// nodeAddrs the addresses NodePorts are served on, as last applied.
-	pending   map[portal.ServiceKey]*portal.Service
+	// pending holds, for each Service changed since, every version
+	// applied since (nil: deleted), oldest first; sctp the applied
+	// Services that have SCTP ports, and nodeAddrs the addresses NodePorts
+	// are served on, as last applied.
+	pending   map[portal.ServiceKey][]*portal.Service
 	sctp      map[portal.ServiceKey]*portal.Service
 	nodeAddrs []netip.Addr
 	lastWalk  time.Time
@@ -96,7 +100,7 @@ func NewConntrackCleaner(log *slog.Logger, netnsFD int) *ConntrackCleaner {
 		log = slog.Default()
 	}
 	return &ConntrackCleaner{log: log, netnsFD: netnsFD, MinInterval: time.Second,
-		pending: map[portal.ServiceKey]*portal.Service{}, sctp: map[portal.ServiceKey]*portal.Service{}}
+		pending: map[portal.ServiceKey][]*portal.Service{}, sctp: map[portal.ServiceKey]*portal.Service{}}
 }
 
 // OnApplied takes in the changes of an applied snapshot (snap.Dirty; the
@@ -176,7 +180,9 @@ func (c *ConntrackCleaner) takeAll(snap *portal.Snapshot) {
 
 // take records svc (nil: deleted) as the latest version of k.
 func (c *ConntrackCleaner) take(k portal.ServiceKey, svc *portal.Service) {
-	c.pending[k] = svc
+	if vs := c.pending[k]; len(vs) == 0 || vs[len(vs)-1] != svc {
+		c.pending[k] = append(vs, svc)
+	}
 	if hasSCTP(svc) {
 		c.sctp[k] = svc
 	} else {
@@ -398,13 +404,18 @@ type ctChange struct {
 // and returns the filter of stale entries and the changes to the
 // remembered Services.
 func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snapshot) (*conntrackFilter, []ctChange) {
-	pending := map[portal.ServiceKey]*portal.Service{}
+	pending := map[portal.ServiceKey][]*portal.Service{}
+	one := make([]*portal.Service, 0, len(snap.Services)+len(prev)) // one version each
+	add := func(k portal.ServiceKey, svc *portal.Service) {
+		one = append(one, svc)
+		pending[k] = one[len(one)-1 : len(one) : len(one)]
+	}
 	for k, svc := range snap.Services {
-		pending[k] = svc
+		add(k, svc)
 	}
 	for k := range prev {
 		if _, ok := snap.Services[k]; !ok {
-			pending[k] = nil
+			add(k, nil)
 		}
 	}
 	sctp := func(yield func(*portal.Service) bool) {
@@ -418,11 +429,12 @@ func planConntrack(prev map[portal.ServiceKey]*portal.Service, snap *portal.Snap
 }
 
 // planChanges returns the filter of the entries that the pending changes
-// (Service -> its latest version, nil when deleted) make stale, and the
-// changes to the remembered Services. Services are compared by pointer:
-// the producer builds a new *Service when one changes. sctp yields the
-// latest Services that have SCTP ports.
-func planChanges(prev, pending map[portal.ServiceKey]*portal.Service, nodeAddrs []netip.Addr, sctp iter.Seq[*portal.Service]) (*conntrackFilter, []ctChange) {
+// (Service -> the versions applied since prev, oldest first, nil when
+// deleted; the last is the current one) make stale, and the changes to the
+// remembered Services. Services are compared by pointer: the producer
+// builds a new *Service when one changes. sctp yields the latest Services
+// that have SCTP ports.
+func planChanges(prev map[portal.ServiceKey]*portal.Service, pending map[portal.ServiceKey][]*portal.Service, nodeAddrs []netip.Addr, sctp iter.Seq[*portal.Service]) (*conntrackFilter, []ctChange) {
 	f := &conntrackFilter{vips: map[ctVIP]*ctTarget{}, nodePorts: map[ctNodePort]*ctTarget{}}
 	for _, a := range nodeAddrs {
 		if f.nodeAddrs == nil {
@@ -431,13 +443,24 @@ func planChanges(prev, pending map[portal.ServiceKey]*portal.Service, nodeAddrs 
 		f.nodeAddrs[a.Unmap()] = struct{}{}
 	}
 	var changes []ctChange
-	for k, svc := range pending {
-		old := prev[k]
-		if old == svc {
+	for k, versions := range pending {
+		if len(versions) == 0 {
 			continue
 		}
-		f.addChange(old, svc)
-		changes = append(changes, ctChange{k, svc})
+		cur := versions[len(versions)-1]
+		// Flows may have begun through the remembered version and
+		// through every one applied since, up to the current one.
+		var olds []*portal.Service
+		for _, v := range append([]*portal.Service{prev[k]}, versions[:len(versions)-1]...) {
+			if v != cur {
+				olds = append(olds, v)
+			}
+		}
+		if len(olds) == 0 {
+			continue
+		}
+		f.addChange(olds, cur)
+		changes = append(changes, ctChange{k, cur})
 	}
 	f.scopeSCTP(sctp)
 	return f, changes
@@ -493,58 +516,81 @@ func vipsOf(p *portal.Portal) []ctVIP {
 }
 
 // addChange adds the destinations of the Service ports that changed from
-// old to cur (either may be nil) in a way that leaves stale entries.
-func (f *conntrackFilter) addChange(old, cur *portal.Service) {
-	olds, curs := portalsByKey(old), portalsByKey(cur)
-	for key, o := range olds {
-		if _, ok := curs[key]; !ok {
-			f.addPort(o, nil)
+// the versions olds (any may be nil: the Service did not exist) to cur
+// (nil: deleted) in a way that leaves stale entries.
+func (f *conntrackFilter) addChange(olds []*portal.Service, cur *portal.Service) {
+	byVersion := make([]map[portal.PortKey]*portal.Portal, len(olds))
+	curs := portalsByKey(cur)
+	keys := map[portal.PortKey]struct{}{}
+	for i, o := range olds {
+		byVersion[i] = portalsByKey(o)
+		for key := range byVersion[i] {
+			keys[key] = struct{}{}
 		}
 	}
-	for _, c := range curs {
-		f.addPort(olds[c.Key], c)
+	for key := range curs {
+		keys[key] = struct{}{}
+	}
+	ports := make([]*portal.Portal, len(olds))
+	for key := range keys {
+		for i, m := range byVersion {
+			ports[i] = m[key] // nil where the version lacks the port
+		}
+		f.addPort(ports, curs[key])
 	}
 }
 
-// addPort adds one Service port's destinations when its change from o to c
-// (either may be nil) can leave stale entries.
-func (f *conntrackFilter) addPort(o, c *portal.Portal) {
-	oldEPs, curEPs := endpointSet(o), endpointSet(c)
-	lost := false
-	for ep := range oldEPs {
-		if _, ok := curEPs[ep]; !ok {
-			lost = true
-			break
-		}
-	}
-	became := len(curEPs) > 0 && len(oldEPs) == 0 // includes created and re-created
+// addPort adds one Service port's destinations when its change from the
+// versions olds (nil: the port did not exist) to c (nil: removed) can leave
+// stale entries: an endpoint of some version that c lacks (flows DNATed to
+// it), endpoints in c after a version without (flows recorded un-NATed
+// while none served), an address or NodePort of some version that c lacks.
+func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
+	curEPs := endpointSet(c)
 	curVIPs := map[ctVIP]bool{}
 	for _, v := range vipsOf(c) {
 		curVIPs[v] = true
 	}
-	goneVIPs := false
-	for _, v := range vipsOf(o) {
-		if !curVIPs[v] {
-			goneVIPs = true
-		}
-	}
-	var oldNP, curNP uint16
-	if o != nil {
-		oldNP = o.NodePort
-	}
+	var curNP uint16
+	either := c
 	if c != nil {
 		curNP = c.NodePort
 	}
-	goneNP := oldNP != 0 && oldNP != curNP
-	if !lost && !became && !goneVIPs && !goneNP {
+	var (
+		lost, unserved bool
+		goneVIPs       []ctVIP
+		goneNPs        []uint16
+	)
+	for _, o := range olds {
+		oldEPs := endpointSet(o)
+		unserved = unserved || len(oldEPs) == 0 // includes created and re-created
+		for ep := range oldEPs {
+			if _, ok := curEPs[ep]; !ok {
+				lost = true
+				break
+			}
+		}
+		for _, v := range vipsOf(o) {
+			if !curVIPs[v] && !slices.Contains(goneVIPs, v) {
+				goneVIPs = append(goneVIPs, v)
+			}
+		}
+		if o == nil {
+			continue
+		}
+		if either == nil {
+			either = o
+		}
+		if o.NodePort != 0 && o.NodePort != curNP && !slices.Contains(goneNPs, o.NodePort) {
+			goneNPs = append(goneNPs, o.NodePort)
+		}
+	}
+	became := len(curEPs) > 0 && unserved
+	if either == nil || (!lost && !became && len(goneVIPs) == 0 && len(goneNPs) == 0) {
 		return
 	}
 	f.ports++
-	either := c
-	if either == nil {
-		either = o
-	}
-	family := either.Key.Family // o and c share their PortKey
+	family := either.Key.Family // every version shares the PortKey
 	if family == portal.IPv6 {
 		f.v6 = true
 	} else {
@@ -555,10 +601,8 @@ func (f *conntrackFilter) addPort(o, c *portal.Portal) {
 	for v := range curVIPs {
 		f.addVIP(v, cur)
 	}
-	for _, v := range vipsOf(o) {
-		if !curVIPs[v] {
-			f.addVIP(v, gone)
-		}
+	for _, v := range goneVIPs {
+		f.addVIP(v, gone)
 	}
 	if either.Key.Protocol == portal.SCTP {
 		return // SCTP NodePorts: ports are not decoded
@@ -567,9 +611,9 @@ func (f *conntrackFilter) addPort(o, c *portal.Portal) {
 	if curNP != 0 {
 		f.nodePorts[ctNodePort{proto, family, curNP}] = cur
 	}
-	if goneNP {
-		if _, still := f.nodePorts[ctNodePort{proto, family, oldNP}]; !still {
-			f.nodePorts[ctNodePort{proto, family, oldNP}] = gone
+	for _, np := range goneNPs {
+		if _, still := f.nodePorts[ctNodePort{proto, family, np}]; !still {
+			f.nodePorts[ctNodePort{proto, family, np}] = gone
 		}
 	}
 }

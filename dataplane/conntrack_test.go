@@ -254,6 +254,86 @@ func TestConntrackIPv6Family(t *testing.T) {
 	})
 }
 
+// Changes batched into one walk: every version the kernel had since the
+// last walk counts, not only the first and the last. A Service that got an
+// endpoint and lost it (deleted, scaled to zero) within the interval left
+// flows DNATed to that endpoint; one that had none for a moment left flows
+// recorded un-NATed.
+func TestConntrackBatchCountsEveryVersion(t *testing.T) {
+	empty := udpService("dns", portal.UDP)
+	served := udpService("dns", portal.UDP, "10.244.1.10")
+	key := served.Key
+	plan := func(prev *portal.Service, versions ...*portal.Service) (*conntrackFilter, []ctChange) {
+		remembered := map[portal.ServiceKey]*portal.Service{}
+		if prev != nil {
+			remembered[key] = prev
+		}
+		return planChanges(remembered, map[portal.ServiceKey][]*portal.Service{key: versions},
+			[]netip.Addr{netip.MustParseAddr(nodeAddr)}, func(func(*portal.Service) bool) {})
+	}
+	dnated := []flowCase{
+		{"cluster IP DNATed to the short-lived endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), true},
+		{"NodePort DNATed to the short-lived endpoint", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), true},
+		{"external IP DNATed to the short-lived endpoint", flow(udp, extVIP, 53, "10.244.1.10", 5353), true},
+	}
+
+	for _, tc := range []struct {
+		name     string
+		prev     *portal.Service
+		versions []*portal.Service
+	}{
+		{"created with an endpoint, then deleted", nil, []*portal.Service{served, nil}},
+		{"created without, got an endpoint, then deleted", nil, []*portal.Service{empty, served, nil}},
+		{"got an endpoint, then scaled to zero", empty, []*portal.Service{served, udpService("dns", portal.UDP)}},
+		{"created with an endpoint, then scaled to zero", nil, []*portal.Service{served, udpService("dns", portal.UDP)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, changes := plan(tc.prev, tc.versions...)
+			if cur := tc.versions[len(tc.versions)-1]; len(changes) != 1 || changes[0].svc != cur {
+				t.Fatalf("changes %+v, want the last version remembered", changes)
+			}
+			checkFlows(t, f, dnated)
+		})
+	}
+
+	t.Run("served, none for a moment, served again", func(t *testing.T) {
+		f, _ := plan(served, udpService("dns", portal.UDP), udpService("dns", portal.UDP, "10.244.1.10"))
+		checkFlows(t, f, []flowCase{
+			{"cluster IP, recorded un-NATed while rejected", notNATed(udp, vip, 53), true},
+			{"NodePort, recorded un-NATed while rejected", notNATed(udp, nodeAddr, 30053), true},
+			{"cluster IP DNATed to the endpoint", flow(udp, vip, 53, "10.244.1.10", 5353), false},
+		})
+	})
+
+	t.Run("an endpoint that came and went while another stayed", func(t *testing.T) {
+		f, _ := plan(served, udpService("dns", portal.UDP, "10.244.1.10", "10.244.2.10"), served)
+		checkFlows(t, f, []flowCase{
+			{"DNATed to the endpoint that went", flow(udp, vip, 53, "10.244.2.10", 5353), true},
+			{"DNATed to the endpoint that stayed", flow(udp, vip, 53, "10.244.1.10", 5353), false},
+		})
+	})
+
+	t.Run("an address and a NodePort that came and went", func(t *testing.T) {
+		moved := udpService("dns", portal.UDP, "10.244.1.10")
+		moved.Portals[0].ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.99")}
+		moved.Portals[0].NodePort = 30099
+		f, _ := plan(served, moved, udpService("dns", portal.UDP, "10.244.1.10"))
+		checkFlows(t, f, []flowCase{
+			{"through the address that went", flow(udp, "203.0.113.99", 53, "10.244.1.10", 5353), true},
+			{"through the NodePort that went", flow(udp, nodeAddr, 30099, "10.244.1.10", 5353), true},
+			{"through the address that stayed", flow(udp, extVIP, 53, "10.244.1.10", 5353), false},
+			{"through the NodePort that stayed", flow(udp, nodeAddr, 30053, "10.244.1.10", 5353), false},
+		})
+	})
+
+	t.Run("back to the remembered version", func(t *testing.T) {
+		f, changes := plan(served, served)
+		if !f.empty() || len(changes) != 0 {
+			t.Errorf("no change: filter %+v, changes %+v; want nothing to do", f, changes)
+		}
+	})
+}
+
 // BenchmarkConntrackPlan10k is the cost the cleaner adds to a sync of 10k
 // Services (half of them UDP) when one UDP Service lost an endpoint.
 func BenchmarkConntrackPlan10k(b *testing.B) {
@@ -266,9 +346,7 @@ func BenchmarkConntrackPlan10k(b *testing.B) {
 		}
 		svc := udpService(fmt.Sprintf("svc-%d", i), proto, "10.244.1.10", "10.244.2.10")
 		snap.Services[svc.Key] = svc
-		if proto == portal.UDP {
-			prev[svc.Key] = svc
-		}
+		prev[svc.Key] = svc
 	}
 	changed := udpService("svc-0", portal.UDP, "10.244.2.10")
 	snap.Services[changed.Key] = changed
