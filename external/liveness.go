@@ -51,16 +51,13 @@ const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
 // resumes. A node already dead in the frozen view stays dead.
 //
 // Partition (only this node is cut off; the others still see the
-// apiserver): the others see this node's Lease expire and take its IPs over
-// after one lease duration, announcing them gratuitously, so the segment's
-// neighbour caches follow them. This node keeps its frozen view and keeps
-// answering, as MetalLB's memberlist speakers do in a partition: both
-// answer requests, and clients follow the last gratuitous announcement
-// (the taker's). When this node's renewals come back, the others see its
-// Lease change and hand its IPs back without announcing, and this node
-// announces every IP it owns again (resumed), so clients move back to it.
-// A node that cannot write its own Lease while the watch works counts as
-// cut off in the same way.
+// apiserver): the others see this node's Lease expire, but before taking
+// an IP over they probe for it on the segment; this node keeps its frozen
+// view and keeps answering, so they hear it, count it alive for a lease
+// duration (livenessheard.go) and leave its IPs to it, probing again
+// after. When this node's renewals come back, it announces every IP it
+// owns again (resumed). A node that cannot write its own Lease while the
+// watch works counts as cut off in the same way.
 type liveness struct {
 	client    kubernetes.Interface
 	namespace string
@@ -80,6 +77,10 @@ type liveness struct {
 	// claims an IP another node owns just because it has not seen it yet.
 	synced func() bool
 
+	// linkAddrs, when set, are the link-layer addresses this node's L2
+	// responder answers with; renewals publish them (livenessheard.go).
+	linkAddrs func() []string
+
 	mu   sync.Mutex
 	seen map[string]observed
 	// ownRenew is this incarnation's last successful renewal (zero: none
@@ -90,6 +91,14 @@ type liveness struct {
 	contact time.Time
 	// frozenSaid: the loss of contact was logged.
 	frozenSaid bool
+	// byMAC names the node each published link-layer address belongs to,
+	// and heard is when each node was last heard announcing on the
+	// segment (livenessheard.go).
+	byMAC map[string]string
+	heard map[string]time.Time
+	// heardSaid: the Lease version at which a node was last said to be
+	// heard while its Lease expired (logged once per version).
+	heardSaid map[string]string
 }
 
 type observed struct {
@@ -105,7 +114,8 @@ func newLiveness(client kubernetes.Interface, namespace, node string, renew, dur
 		duration = 3 * renew
 	}
 	return &liveness{client: client, namespace: namespace, node: node, renew: renew, duration: duration,
-		log: log, changed: changed, now: time.Now, seen: map[string]observed{}}
+		log: log, changed: changed, now: time.Now, seen: map[string]observed{},
+		byMAC: map[string]string{}, heard: map[string]time.Time{}, heardSaid: map[string]string{}}
 }
 
 // window is how long contact may go without an own renewal coming back.
@@ -152,6 +162,7 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 		outage, resumed = l.contactLocked(now)
 	}
 	l.seen[node] = observed{rv: lease.ResourceVersion, at: at}
+	l.publishedLocked(node, lease.Annotations[annotationLinkAddrs])
 	l.mu.Unlock()
 	if resumed {
 		l.log.Info("l2 liveness: apiserver contact resumed; nodes alive before get a fresh grace period", "without", outage.Round(time.Millisecond))
@@ -211,42 +222,53 @@ func (l *liveness) forget(name string) {
 	}
 	l.mu.Lock()
 	delete(l.seen, node)
+	l.publishedLocked(node, "")
 	l.mu.Unlock()
 	l.changed()
 }
 
 // alive: another node whose Lease changed within the lease duration before
-// the reference moment (now, or when contact was lost); this node once it
-// has renewed its Lease and the Leases are listed, and from then on also
-// while cut off from the apiserver (see the type's comment).
+// the reference moment (now, or when contact was lost), or that was heard
+// announcing on the segment within a lease duration (heardFrom); this node
+// once it has renewed its Lease and the Leases are listed, and from then on
+// also while cut off from the apiserver (see the type's comment).
 func (l *liveness) alive(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if node == l.node {
 		return (l.synced == nil || l.synced()) && !l.ownRenew.IsZero()
 	}
+	return l.aliveLocked(node, l.now())
+}
+
+func (l *liveness) aliveLocked(node string, now time.Time) bool {
+	if h, ok := l.heard[node]; ok && now.Sub(h) < l.duration {
+		return true
+	}
 	o, ok := l.seen[node]
 	if !ok {
 		return false
 	}
-	ref, _ := l.refLocked(l.now())
+	ref, _ := l.refLocked(now)
 	return ref.Sub(o.at) < l.duration
 }
 
 // nextChange is the earliest moment a node alive now would be judged dead
-// if no Lease event comes first (its renewal overdue); zero when none can
-// (no other node alive, or the view is frozen). The hook sleeps until
+// if no Lease event comes first (its renewal overdue, or its being heard
+// on the segment too long ago); zero when none can (no other node alive,
+// or the view is frozen and no node was heard). The hook sleeps until
 // then instead of looking at every node several times a second: at 5,000
 // nodes renewing every second the earliest expiry, once the others have
 // renewed, lies a lease duration minus a renew interval ahead.
 func (l *liveness) nextChange() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ref, frozen := l.refLocked(l.now())
+	now := l.now()
+	next := l.heardChangeLocked(now)
+	ref, frozen := l.refLocked(now)
 	if frozen {
-		return time.Time{}
+		return next
 	}
-	var next time.Time
 	for n, o := range l.seen {
 		if n == l.node {
 			continue
@@ -306,11 +328,13 @@ func (l *liveness) renewOnce(ctx context.Context) error {
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: l.namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &l.node, LeaseDurationSeconds: &secs, RenewTime: &now},
 		}
+		l.publish(lease)
 		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
 	} else if err == nil {
 		lease.Spec.HolderIdentity = &l.node
 		lease.Spec.LeaseDurationSeconds = &secs
 		lease.Spec.RenewTime = &now
+		l.publish(lease)
 		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 	}
 	if err != nil {

@@ -70,11 +70,15 @@ type l2Provider struct {
 	owners   map[netip.Addr]string
 	own      []netip.Addr
 	tookOver func(ip netip.Addr, from string, svcs []portal.ServiceKey)
+	// conflicts keeps one node answering for an IP: a probe before a
+	// takeover, a yield or a defence on hearing another (l2conflict.go).
+	conflicts l2Conflicts
 }
 
 func (p *l2Provider) Name() string { return "l2" }
 
 func (p *l2Provider) Update(_ context.Context, s *State) error {
+	p.conflicts.told(s)
 	var own, again []netip.Addr
 	live := map[netip.Addr]string{}
 	owners := map[netip.Addr]string{}
@@ -87,6 +91,12 @@ func (p *l2Provider) Update(_ context.Context, s *State) error {
 			if prev, ok := p.live[ip]; ok && prev != live[ip] {
 				again = append(again, ip)
 			}
+		}
+	}
+	own = p.conflicts.probeTakeovers(s, p.owners, p.own, own, owners)
+	for ip := range live {
+		if !slices.Contains(own, ip) {
+			delete(live, ip)
 		}
 	}
 	p.r.Set(own)
@@ -366,8 +376,11 @@ func (h *Hook) startL2(context.Context) (Provider, error) {
 				r.Reannounce(r.Owned())
 			}
 		}
+		h.liveness.linkAddrs = h.l2LinkAddrs
 	}
-	return &l2Provider{r: r, tookOver: h.l2TookOver}, nil
+	p := &l2Provider{r: r, tookOver: h.l2TookOver, conflicts: l2Conflicts{announce: r.Reannounce, probe: r.Probe, lv: h.liveness, poke: h.poke, log: h.log}}
+	r.OnConflict(p.conflicts.heard)
+	return p, nil
 }
 
 // webhookDelivered counts a request the receiver took.

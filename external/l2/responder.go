@@ -20,6 +20,17 @@ import (
 
 // Responder answers ARP and NDP for the IPs it owns.
 //
+// It announces an IP it takes over gratuitously in a burst (announceTimes
+// rounds, announceEvery apart), each round in both ARP forms (request and
+// reply) or as an unsolicited neighbour advertisement, as MetalLB does: a
+// neighbour that missed one, or ignored one within its locktime, still
+// moves.
+//
+// It listens for other hosts announcing the IPs it answers for (an ARP
+// packet whose sender is the IP, a neighbour advertisement for it) from a
+// link-layer address not its own, and tells the callback set with
+// OnConflict, so that the lower-ranked of two answering nodes yields.
+//
 // It follows its interfaces by name: when one is deleted and created again
 // (a bond or VLAN rebuilt, with a new index and maybe a new MAC address), or
 // gains the IPv4 or link-local address it lacked, the responder opens new
@@ -31,9 +42,16 @@ type Responder struct {
 
 	mu    sync.Mutex
 	owned map[netip.Addr]bool
-	wg    sync.WaitGroup // the watcher
-	done  chan struct{}
-	kick  chan struct{} // look at the interfaces again now
+	// onConflict is told of another host announcing an owned IP, at most
+	// once per conflictEvery per IP (lastConflict).
+	onConflict   func(ip netip.Addr, from net.HardwareAddr)
+	lastConflict map[netip.Addr]time.Time
+	// probing are the IPs Probe asks about, with the first other host
+	// that answered (nil: none yet).
+	probing map[netip.Addr]net.HardwareAddr
+	wg      sync.WaitGroup // the watcher
+	done    chan struct{}
+	kick    chan struct{} // look at the interfaces again now
 }
 
 // link is one interface the responder answers on, by name.
@@ -61,13 +79,24 @@ type sockets struct {
 // kernel's buffer overflows).
 const recheckEvery = 10 * time.Second
 
+// The gratuitous burst: announceTimes rounds, announceEvery apart (past
+// the 1 s locktime within which Linux ignores a new link-layer address).
+const (
+	announceEvery = 1100 * time.Millisecond
+	announceTimes = 5
+)
+
+// conflictEvery bounds how often one IP's conflict is reported: a burst
+// from another node is one conflict, not five.
+const conflictEvery = 500 * time.Millisecond
+
 // NewResponder opens raw sockets on the named interfaces and starts
 // answering (for nothing until Set).
 func NewResponder(ifnames []string, log *slog.Logger) (*Responder, error) {
 	if len(ifnames) == 0 {
 		return nil, errors.New("l2: no interface")
 	}
-	r := &Responder{log: log, owned: map[netip.Addr]bool{}, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	r := &Responder{log: log, owned: map[netip.Addr]bool{}, lastConflict: map[netip.Addr]time.Time{}, done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, name := range ifnames {
 		s, err := openSockets(name, log)
 		if err != nil {
@@ -329,7 +358,7 @@ func (r *Responder) owns(ip netip.Addr) bool {
 }
 
 // Set makes the responder answer for exactly ips; IPs it did not own before
-// are announced gratuitously (ARP request form, unsolicited NA).
+// are announced gratuitously, in a burst.
 func (r *Responder) Set(ips []netip.Addr) {
 	r.mu.Lock()
 	want := map[netip.Addr]bool{}
@@ -360,27 +389,99 @@ func (r *Responder) Set(ips []netip.Addr) {
 		if ip.Is6() {
 			r.join(ip)
 		}
-		r.announce(ip)
 	}
+	r.burst(gained)
 }
 
-// Reannounce announces owned IPs gratuitously again, now and once more a
-// second later (a peer's stale announcement may still be in flight). IPs
-// not owned by then are skipped.
+// Reannounce announces owned IPs gratuitously again, in a burst (a peer's
+// stale announcement may still be in flight).
 func (r *Responder) Reannounce(ips []netip.Addr) {
-	send := func() {
-		for _, ip := range ips {
-			if r.owns(ip.Unmap()) {
-				r.log.Info("l2 re-announce", "ip", ip)
-				r.announce(ip.Unmap())
-			}
+	for _, ip := range ips {
+		if r.owns(ip.Unmap()) {
+			r.log.Info("l2 re-announce", "ip", ip)
 		}
 	}
+	r.burst(ips)
+}
+
+// burst announces ips now and every announceEvery after, announceTimes
+// rounds in all; each round skips the IPs not owned by then, and the
+// rounds end with the responder.
+func (r *Responder) burst(ips []netip.Addr) {
 	if len(ips) == 0 {
 		return
 	}
-	send()
-	time.AfterFunc(time.Second, send)
+	ips = slices.Clone(ips)
+	round := func() {
+		select {
+		case <-r.done:
+			return
+		default:
+		}
+		for _, ip := range ips {
+			if ip = ip.Unmap(); r.owns(ip) {
+				r.announce(ip)
+			}
+		}
+	}
+	round()
+	for i := 1; i < announceTimes; i++ {
+		time.AfterFunc(time.Duration(i)*announceEvery, round)
+	}
+}
+
+// OnConflict sets the function told when another host announces an IP
+// this responder answers for (see the type's comment); from is that
+// host's link-layer address.
+func (r *Responder) OnConflict(f func(ip netip.Addr, from net.HardwareAddr)) {
+	r.mu.Lock()
+	r.onConflict = f
+	r.mu.Unlock()
+}
+
+// LinkAddrs returns the link-layer addresses the responder answers with
+// now, one per interface it has sockets on.
+func (r *Responder) LinkAddrs() []net.HardwareAddr {
+	var out []net.HardwareAddr
+	for _, l := range r.links {
+		l.mu.Lock()
+		if l.s != nil {
+			out = append(out, l.s.ifi.HardwareAddr)
+		}
+		l.mu.Unlock()
+	}
+	return out
+}
+
+// heard notes a packet from mac announcing ip: an answer to a probe when
+// ip is being probed, a conflict when ip is owned, unless mac is one of
+// this responder's.
+func (r *Responder) heard(s *sockets, ip netip.Addr, mac net.HardwareAddr) {
+	ip = ip.Unmap()
+	if !ip.IsValid() || ip.IsUnspecified() || len(mac) == 0 {
+		return
+	}
+	if slices.ContainsFunc(r.LinkAddrs(), func(m net.HardwareAddr) bool { return bytes.Equal(m, mac) }) {
+		return
+	}
+	if r.answered(ip, mac) || !r.owns(ip) {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	f := r.onConflict
+	report := now.Sub(r.lastConflict[ip]) >= conflictEvery
+	if report {
+		r.lastConflict[ip] = now
+	}
+	r.mu.Unlock()
+	if !report {
+		return
+	}
+	r.log.Info("l2: another host announces an IP answered here", "ip", ip, "from", mac.String(), "iface", s.ifi.Name)
+	if f != nil {
+		f(ip, mac)
+	}
 }
 
 // Owned returns the IPs answered for, sorted.
@@ -442,14 +543,19 @@ func (r *Responder) announce(ip netip.Addr) {
 	}
 }
 
+// announceOn sends one gratuitous announcement of ip on s: for IPv4 in
+// both ARP forms, a request and a reply (neighbours differ in which they
+// heed), both broadcast.
 func announceOn(s *sockets, ip netip.Addr, log *slog.Logger) {
 	if ip.Is4() && s.arp != nil {
-		p, err := arp.NewPacket(arp.OperationRequest, s.ifi.HardwareAddr, ip, ethernet.Broadcast, ip)
-		if err == nil {
-			err = s.arp.WriteTo(p, ethernet.Broadcast)
-		}
-		if err != nil {
-			log.Warn("l2: gratuitous ARP", "iface", s.ifi.Name, "ip", ip, "err", err)
+		for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
+			p, err := arp.NewPacket(op, s.ifi.HardwareAddr, ip, ethernet.Broadcast, ip)
+			if err == nil {
+				err = s.arp.WriteTo(p, ethernet.Broadcast)
+			}
+			if err != nil {
+				log.Warn("l2: gratuitous ARP", "iface", s.ifi.Name, "ip", ip, "op", op, "err", err)
+			}
 		}
 	}
 	if ip.Is6() && s.ndp != nil {
@@ -503,6 +609,7 @@ func (r *Responder) serveARP(s *sockets) {
 			r.readFailed(s, err)
 			continue
 		}
+		r.heard(s, p.SenderIP, p.SenderHardwareAddr)
 		if p.Operation != arp.OperationRequest || !r.owns(p.TargetIP) {
 			continue
 		}
@@ -525,6 +632,14 @@ func (r *Responder) serveNDP(s *sockets) {
 				continue
 			}
 			r.readFailed(s, err)
+			continue
+		}
+		if na, ok := m.(*ndp.NeighborAdvertisement); ok {
+			for _, o := range na.Options {
+				if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target {
+					r.heard(s, na.TargetAddress, lla.Addr)
+				}
+			}
 			continue
 		}
 		ns, ok := m.(*ndp.NeighborSolicitation)

@@ -196,48 +196,45 @@ func TestBGPServesThroughAPIServerOutage(t *testing.T) {
 
 // TestL2PartitionComeback: only the owner is cut off from the apiserver
 // (a blackhole route to it in the owner's namespace), the segment stays
-// whole. The other node sees the owner's Lease expire and takes the VIP
-// over, and the client follows its gratuitous ARP. The owner keeps its
-// frozen view meanwhile. When the route comes back, the owner's renewals
-// come back too: the other node gives the VIP up without a word, and the
-// owner must announce it again, or the client's entry would stay on a
-// node that no longer answers for the VIP.
+// whole. The other node sees the owner's Lease expire, but before taking
+// the VIP over it probes for it, hears the owner still answering, and
+// leaves it there: through the partition and after it, a client asking
+// every 50 ms hears the owner alone, and is served by it.
 func TestL2PartitionComeback(t *testing.T) {
 	lab := newL2Lab(t)
 	_, _ = startOutageCluster(lab, "sw", external.Config{
 		L2: &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	})
 	owner := l2.Owner(netip4(vip), []string{"node1", "node2"})
-	other := map[string]string{"node1": "node2", "node2": "node1"}[owner]
 	pod := map[string]string{"node1": "pod1", "node2": "pod2"}
-	ownerMAC, otherMAC := lab.mac(owner, "eth0"), lab.mac(other, "eth0")
+	ownerMAC := lab.mac(owner, "eth0")
 	if _, ok := waitFor(context.Background(), 20*time.Second, func() bool {
 		got, _ := lab.get("client", vip+":80")
 		return got == pod[owner] && lab.neigh(vip) == ownerMAC
 	}); !ok {
 		t.Fatalf("before the partition: client's entry for %s is %q, want owner %s's %s", vip, lab.neigh(vip), owner, ownerMAC)
 	}
-	time.Sleep(1100 * time.Millisecond) // past the client's neighbour locktime
+	probe := lab.startL2Prober("client", "eth0", vip)
+	settled, ok := probe.waitAnswers(vip, time.Now(), 10*time.Second, ownerMAC)
+	if !ok {
+		t.Fatalf("before the partition: %s not answered by owner %s alone: %v", vip, owner, probe.tail(vip, 5))
+	}
 
 	lab.ip(owner, "route", "add", "blackhole", "10.0.0.2/32")
-	if d, ok := waitFor(context.Background(), 15*time.Second, func() bool { return lab.neigh(vip) == otherMAC }); !ok {
-		t.Fatalf("partition: %s never took over; client's entry %q", other, lab.neigh(vip))
-	} else {
-		t.Logf("partition: %s took over %v after %s was cut off from the apiserver", other, d.Round(time.Millisecond), owner)
+	time.Sleep(6 * time.Second) // a partition of four lease durations
+	if got, err := lab.get("client", vip+":80"); err != nil || got != pod[owner] {
+		t.Fatalf("during the partition: %q, %v; want %s", got, err, pod[owner])
 	}
-	if got, err := lab.get("client", vip+":80"); err != nil || got != pod[other] {
-		t.Fatalf("during the partition: %q, %v; want %s", got, err, pod[other])
-	}
-	time.Sleep(3 * time.Second) // a partition of a few lease durations
-
 	lab.ip(owner, "route", "del", "blackhole", "10.0.0.2/32")
-	// No traffic meanwhile: only an announcement can move the entry.
-	d, ok := waitFor(context.Background(), 10*time.Second, func() bool { return lab.neigh(vip) == ownerMAC })
-	if !ok {
-		t.Fatalf("after the partition: client's entry for %s stays %q, want owner %s's %s (no re-announcement)", vip, lab.neigh(vip), owner, ownerMAC)
-	}
-	t.Logf("after the partition: client's entry back on %s %v after its route to the apiserver returned", owner, d.Round(time.Millisecond))
+	time.Sleep(3 * time.Second)
 	if got, err := lab.get("client", vip+":80"); err != nil || got != pod[owner] {
 		t.Fatalf("after the partition: %q, %v; want %s", got, err, pod[owner])
 	}
+	rounds := probe.since(vip, settled)
+	for _, r := range rounds {
+		if len(r.macs) > 1 || len(r.macs) == 1 && r.macs[0] != ownerMAC {
+			t.Fatalf("through the partition a request for %s was answered by %v, want owner %s (%s) alone", vip, r, owner, ownerMAC)
+		}
+	}
+	t.Logf("%d requests for %s through a 6 s partition of its owner from the apiserver and after: the owner alone answered", len(rounds), vip)
 }

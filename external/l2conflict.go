@@ -1,0 +1,142 @@
+package external
+
+import (
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// defendEvery bounds how often this node announces an IP again because
+// another host announced it (RFC 5227's DEFEND_INTERVAL).
+const defendEvery = 10 * time.Second
+
+// probeWait is how long a takeover from a node judged dead waits for an
+// answer to its probe (probeTakeovers).
+const probeWait = 200 * time.Millisecond
+
+// l2Conflicts settles another host announcing an IP this node answers for
+// (the responder's OnConflict): one node answers for an IP at every
+// moment, even when the nodes' views of the Leases differ for a while.
+//
+// The announcer, if a node's Lease publishes its link-layer address, is
+// alive (liveness.heardFrom), and the IP's owner is computed again with
+// it. The lower-ranked node yields: if the IP is no longer this node's,
+// the hook is woken and this node stops answering; if it still is, this
+// node defends it by announcing it again, at most once per defendEvery,
+// so that the neighbours come back to it and the other node, hearing
+// that, yields in turn. An announcer no Lease names (a host that is not a
+// node, a misconfigured one) is answered by the defence alone.
+//
+// Before this node takes an IP over from a node judged dead, it probes
+// for it (probeTakeovers): a node that still answers (its agent cut off
+// from the apiserver but serving, its Lease's renewals late) is alive, and
+// keeps the IP. Then a node whose Lease expired while it still answers
+// is not joined by a second one.
+type l2Conflicts struct {
+	// announce announces IPs again (the responder's Reannounce); probe
+	// asks who answers for IPs (its Probe).
+	announce func([]netip.Addr)
+	probe    func([]netip.Addr, time.Duration) map[netip.Addr]net.HardwareAddr
+	lv       *liveness
+	poke     func()
+	log      *slog.Logger
+
+	mu sync.Mutex
+	// last is the state the provider was last told: the owner is
+	// computed again over it, with the liveness of now.
+	last     *State
+	defended map[netip.Addr]time.Time
+}
+
+// told records the state the provider is told.
+func (c *l2Conflicts) told(s *State) {
+	c.mu.Lock()
+	c.last = s
+	c.mu.Unlock()
+}
+
+// heard handles mac announcing ip, which the responder answers for.
+func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
+	node := c.lv.nodeOf(mac)
+	c.lv.heardFrom(node)
+	c.mu.Lock()
+	s := c.last
+	c.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if owner, _ := l2Owner(s, ip); owner != s.Node || !s.Serves(ip) {
+		c.log.Info("l2 yield: another node announces an IP it outranks this one for", "ip", ip, "node", node, "mac", mac.String(), "owner", owner)
+		c.poke()
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	if c.defended == nil {
+		c.defended = map[netip.Addr]time.Time{}
+	}
+	defend := now.Sub(c.defended[ip]) >= defendEvery
+	if defend {
+		c.defended[ip] = now
+	}
+	c.mu.Unlock()
+	if defend {
+		c.log.Info("l2 defend: another host announces an IP this node owns", "ip", ip, "node", node, "mac", mac.String())
+		c.announce([]netip.Addr{ip})
+	}
+}
+
+// probeTakeovers probes the IPs of own this node is about to take over
+// from a node judged dead (tookOver: not had, another node's at the last
+// look, before) and returns own without those a node still answers for.
+// That node is alive (heardFrom) and stays the IP's owner in owners; once
+// it is no longer heard, the next look probes again.
+func (c *l2Conflicts) probeTakeovers(s *State, before map[netip.Addr]string, had, own []netip.Addr, owners map[netip.Addr]string) []netip.Addr {
+	var ask []netip.Addr
+	for ip, from := range tookOver(s, before, had, own) {
+		if !s.Alive(from) {
+			ask = append(ask, ip)
+		}
+	}
+	if len(ask) == 0 || c.probe == nil {
+		return own
+	}
+	answers := c.probe(ask, probeWait)
+	if len(answers) == 0 {
+		return own
+	}
+	var keep []netip.Addr
+	for _, ip := range own {
+		mac, ok := answers[ip]
+		var node string
+		if ok {
+			node = c.lv.nodeOf(mac)
+		}
+		if node == "" || node == s.Node {
+			keep = append(keep, ip)
+			continue
+		}
+		c.log.Debug("l2: a node whose Lease expired still answers for an IP; it keeps it", "ip", ip, "node", node, "mac", mac.String())
+		c.lv.heardFrom(node)
+		owners[ip] = before[ip]
+	}
+	return keep
+}
+
+// l2LinkAddrs are the link-layer addresses the running L2 responder
+// answers with, for this node's liveness Lease.
+func (h *Hook) l2LinkAddrs() []string {
+	h.mu.Lock()
+	r := h.l2r
+	h.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, a := range r.LinkAddrs() {
+		out = append(out, a.String())
+	}
+	return out
+}
