@@ -37,52 +37,52 @@ type Informers struct {
 	Watch *ServiceWatch
 }
 
-// proxyLabelSelector selects what a proxy named name serves, as kube-proxy:
-// not headless, and labelled for this proxy (or for none, when name is "").
-func proxyLabelSelector(name string) (labels.Selector, error) {
-	var r1 *labels.Requirement
-	var err error
-	if name == "" {
-		r1, err = labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
-	} else {
-		r1, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{name})
+// serviceSelector selects the Services a proxy named name serves, as
+// kube-proxy: labelled for this proxy (or for none, when name is "").
+func serviceSelector(name string) (labels.Selector, error) {
+	op, values := selection.DoesNotExist, []string(nil)
+	if name != "" {
+		op, values = selection.Equals, []string{name}
 	}
+	r, err := labels.NewRequirement(LabelServiceProxyName, op, values)
 	if err != nil {
 		return nil, err
 	}
-	r2, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
-	if err != nil {
-		return nil, err
-	}
-	return labels.NewSelector().Add(*r1, *r2), nil
+	return labels.NewSelector().Add(*r), nil
+}
+
+// sliceSelector selects the EndpointSlices a proxy reads, as kube-proxy:
+// those not labelled headless. The EndpointSlice controller sets that label
+// on the slices of a Service without a cluster IP (and removes it from the
+// others', whatever the Service's own labels say); a slice written by hand
+// with it is not served.
+func sliceSelector() labels.Selector {
+	r, _ := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil) // a valid key: no error
+	return labels.NewSelector().Add(*r)
 }
 
 // Start implements Source.
 func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) {
-	sel, err := proxyLabelSelector(s.ServiceProxyName)
+	svcSel, err := serviceSelector(s.ServiceProxyName)
 	if err != nil {
 		return nil, err
 	}
+	sliceSel := sliceSelector()
 	nf := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.NodeName).String()
 		}))
-	var f informers.SharedInformerFactory
+	var factories []informers.SharedInformerFactory
 	var svcs, eps cache.SharedIndexInformer
-	// match is the selection the handlers apply: all of it over a shared
-	// watch, none where the API server selects.
-	match := sel
+	// svcMatch and sliceMatch are the selections the handlers apply: all
+	// of it over a shared watch, none where the API server selects.
+	svcMatch, sliceMatch := svcSel, sliceSel
 	if s.Watch != nil {
 		svcs, eps = s.Watch.Services(), s.Watch.Slices()
 	} else {
-		// The tweak runs at every list and watch, long after Start
-		// returns: it holds the selector's text, not a variable.
-		apiSelector := sel.String()
-		f = informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = apiSelector }))
-		svcs = f.Core().V1().Services().Informer()
-		eps = f.Discovery().V1().EndpointSlices().Informer()
-		match = labels.Everything()
+		svcs = selectedFactory(s, svcSel, &factories).Core().V1().Services().Informer()
+		eps = selectedFactory(s, sliceSel, &factories).Discovery().V1().EndpointSlices().Informer()
+		svcMatch, sliceMatch = labels.Everything(), labels.Everything()
 	}
 	nodes := nf.Core().V1().Nodes().Informer()
 	// Synced means every object of the first listing has reached the
@@ -90,11 +90,11 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	// whole ruleset, and a store that is full while the handler is still
 	// behind would program part of the cluster (and drop the rest) for as
 	// long as the handler takes to catch up.
-	svcReg, err := svcs.AddEventHandler(selected(match, t.SetService, func(svc *v1.Service) { t.DeleteService(svc.Namespace, svc.Name) }))
+	svcReg, err := svcs.AddEventHandler(selected(svcMatch, t.SetService, func(svc *v1.Service) { t.DeleteService(svc.Namespace, svc.Name) }))
 	if err != nil {
 		return nil, err
 	}
-	epsReg, err := eps.AddEventHandler(selected(match, t.SetSlice, t.DeleteSlice))
+	epsReg, err := eps.AddEventHandler(selected(sliceMatch, t.SetSlice, t.DeleteSlice))
 	if err != nil {
 		return nil, err
 	}
@@ -107,11 +107,24 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	}
 	if s.Watch != nil {
 		s.Watch.Start(ctx)
-	} else {
+	}
+	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
 	nf.Start(ctx.Done())
 	return func() bool { return svcReg.HasSynced() && epsReg.HasSynced() && nodeReg.HasSynced() }, nil
+}
+
+// selectedFactory is an informer factory whose every list and watch asks
+// the API server for what sel selects, added to all.
+func selectedFactory(s *Informers, sel labels.Selector, all *[]informers.SharedInformerFactory) informers.SharedInformerFactory {
+	// The tweak runs at every list and watch, long after Start returns:
+	// it holds the selector's text.
+	text := sel.String()
+	f := informers.NewSharedInformerFactoryWithOptions(s.Client, s.Resync, informers.WithTransform(TrimForCache),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = text }))
+	*all = append(*all, f)
+	return f
 }
 
 // selected is the handler that tells set and del of the objects sel

@@ -56,7 +56,8 @@ func TestInformersSyncedMeansTrackerHasEverything(t *testing.T) {
 // API server selects (the handlers take all they are sent), so the
 // selection must reach every list and watch request, made long after Start
 // returned: a slice labelled headless and a Service of another proxy are
-// never in the model.
+// never in the model. As kube-proxy, the headless label selects slices
+// only: a Service with a cluster IP that carries it is served.
 func TestInformersAskTheAPIServerForTheirPart(t *testing.T) {
 	svc := func(name string, labels map[string]string) *v1.Service {
 		return &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: labels},
@@ -72,7 +73,7 @@ func TestInformersAskTheAPIServerForTheirPart(t *testing.T) {
 	}
 	var requested []string
 	client := fake.NewClientset(svc("web", nil), svc("their", map[string]string{LabelServiceProxyName: "someone-else"}),
-		slice("web", map[string]string{LabelHeadless: ""}))
+		svc("labelled", map[string]string{LabelHeadless: ""}), slice("web", map[string]string{LabelHeadless: ""}))
 	client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if r := a.GetResource().Resource; r == "services" || r == "endpointslices" {
 			requested = append(requested, r+": "+a.(k8stesting.ListAction).GetListRestrictions().Labels.String())
@@ -89,10 +90,12 @@ func TestInformersAskTheAPIServerForTheirPart(t *testing.T) {
 	if err := WaitForSync(ctx, synced); err != nil {
 		t.Fatal(err)
 	}
-	want, _ := proxyLabelSelector("")
+	svcSel, _ := serviceSelector("")
+	want := map[string]string{"services": svcSel.String(), "endpointslices": sliceSelector().String()}
 	for _, r := range requested {
-		if !strings.HasSuffix(r, ": "+want.String()) {
-			t.Errorf("list request %q; want the selection %q", r, want)
+		resource, sel, _ := strings.Cut(r, ": ")
+		if sel != want[resource] {
+			t.Errorf("list request %q; want the selection %q", r, want[resource])
 		}
 	}
 	if len(requested) < 2 {
@@ -103,5 +106,8 @@ func TestInformersAskTheAPIServerForTheirPart(t *testing.T) {
 	tr.mu.Unlock()
 	if tr.Service(ServiceKey{Namespace: "shop", Name: "their"}) != nil || n != 0 {
 		t.Errorf("the model holds another proxy's Service or a headless slice (%d slices)", n)
+	}
+	if tr.Service(ServiceKey{Namespace: "shop", Name: "labelled"}) == nil {
+		t.Errorf("a Service labelled headless with a cluster IP is not in the model")
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // TestInformersSelectFromAServiceWatch: over a watch of every Service and
 // EndpointSlice, the model holds what the API server's label selection
-// would have given it: no headless Service, none of another proxy, and a
+// would have given it: no headless slice, no Service of another proxy, and a
 // Service whose label moves it out of (or into) the selection leaves (or
 // joins) the model. The watch's cache keeps every object and the
 // Services' selectors.
@@ -57,8 +57,12 @@ func TestInformersSelectFromAServiceWatch(t *testing.T) {
 		}
 		return svcs, slices
 	}
-	if s, es := model(); !s["web"] || s["db"] || s["their"] || !es["web"] || es["db"] || es["their"] {
-		t.Errorf("the model holds Services %v, slices %v; want web's alone", s, es)
+	// As kube-proxy: Services by their proxy label, slices by the headless
+	// one (the EndpointSlice controller copies a Service's proxy label to
+	// its slices, and sets headless on those of Services without a cluster
+	// IP alone).
+	if s, es := model(); !s["web"] || !s["db"] || s["their"] || !es["web"] || es["db"] || !es["their"] {
+		t.Errorf("the model holds Services %v, slices %v; want Services web and db, slices web and their", s, es)
 	}
 	if n := len(w.Services().GetStore().List()); n != 3 {
 		t.Errorf("the watch caches %d Services, want all 3", n)

@@ -17,7 +17,8 @@ import (
 // "should implement service.kubernetes.io/headless" does: a slice labelled
 // headless, and a Service (with its slices, as the EndpointSlice controller
 // mirrors them) labelled for another proxy, stop being served from a pod
-// and from the node itself; without the label they are served again.
+// and from the node itself; without the label they are served again. A
+// Service with a cluster IP labelled headless is served, as by kube-proxy.
 func testProxyLabels(t *testing.T, c *netns.Cluster, lat *latencies) {
 	ctx := ctxFor(t)
 	pods := c.Pods()
@@ -37,7 +38,11 @@ func testProxyLabels(t *testing.T, c *netns.Cluster, lat *latencies) {
 		{"slice labelled headless", nil, map[string]string{portal.LabelHeadless: ""}, false},
 		{"headless label removed", nil, nil, true},
 		{"labelled for another proxy", map[string]string{portal.LabelServiceProxyName: "someone-else"}, map[string]string{portal.LabelServiceProxyName: "someone-else"}, false},
-		{"proxy label removed", nil, nil, true},
+		// As kube-proxy: the headless label selects slices only (the
+		// EndpointSlice controller never copies it onto the slices of a
+		// Service with a cluster IP).
+		{"proxy label removed, the Service labelled headless", map[string]string{portal.LabelHeadless: ""}, nil, true},
+		{"Service's headless label removed", nil, nil, true},
 	}
 	for _, st := range steps {
 		since := time.Now()
