@@ -50,6 +50,11 @@ type SyncStats struct {
 	// Panics are the Services left out of this sync because rendering them
 	// panicked (see ServicePanic).
 	Panics []ServicePanic
+	// Problems are Services, or parts of them, that the backend could not
+	// program as asked while the sync went on with every other Service
+	// (see Runner.OnServiceProblem). A backend lists each problem once while it
+	// lasts, even when the sync fails.
+	Problems []portal.Problem
 }
 
 // Config is the node-level configuration every backend is built with.

@@ -39,14 +39,15 @@ type Metrics struct {
 	healthz             *prometheus.CounterVec
 	livez               *prometheus.CounterVec
 
-	rules          prometheus.Gauge
-	elements       prometheus.Gauge
-	syncs          *prometheus.CounterVec
-	syncFailures   *prometheus.CounterVec
-	syncCPU        *prometheus.CounterVec
-	changedPortals prometheus.Counter
-	messages       prometheus.Counter
-	servicePanics  *prometheus.CounterVec
+	rules           prometheus.Gauge
+	elements        prometheus.Gauge
+	syncs           *prometheus.CounterVec
+	syncFailures    *prometheus.CounterVec
+	syncCPU         *prometheus.CounterVec
+	changedPortals  prometheus.Counter
+	messages        prometheus.Counter
+	servicePanics   *prometheus.CounterVec
+	serviceProblems *prometheus.CounterVec
 
 	providerUp       *prometheus.GaugeVec
 	providerFailures *prometheus.CounterVec
@@ -157,6 +158,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Panics recovered while building one Service's portals (stage build) or rendering " +
 				"them in the dataplane (stage render); each left that Service out and gave it an event.",
 		}, []string{"stage"}),
+		serviceProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onehop_service_dataplane_problems_total",
+			Help: "Services, or parts of them, the dataplane could not program as asked while it synced every " +
+				"other Service (each also an event on the Service), by event reason.",
+		}, []string{"reason"}),
 		// Shaped as MetalLB's metallb_bgp_session_up (a 0/1 gauge) and
 		// metallb_k8s_client_update_errors_total (a counter of failures).
 		providerUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -187,7 +193,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
-		m.rules, m.elements, m.syncs, m.syncFailures, m.syncCPU, m.changedPortals, m.messages, m.servicePanics,
+		m.rules, m.elements, m.syncs, m.syncFailures, m.syncCPU, m.changedPortals, m.messages, m.servicePanics, m.serviceProblems,
 		m.providerUp, m.providerFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -211,6 +217,9 @@ func (m *Metrics) ObserveSync(s SyncStats, err error) {
 	m.syncs.WithLabelValues(mode).Inc()
 	m.syncCPU.WithLabelValues(mode).Add(max(s.CPU, 0).Seconds())
 	m.ServicePanics(PanicStageRender, len(s.Panics))
+	for _, p := range s.Problems {
+		m.serviceProblems.WithLabelValues(p.Reason).Inc()
+	}
 	if s.Duration > 0 {
 		m.syncDuration.Observe(s.Duration.Seconds())
 		byMode.Observe(s.Duration.Seconds())

@@ -67,6 +67,7 @@ type Runner struct {
 	mu        sync.Mutex
 	onApplied []func(*portal.Snapshot)
 	onPanic   []func(ServicePanic)
+	onProblem []func(portal.Problem)
 
 	// lastBusy is the end of the last sync that changed the kernel, in
 	// Unix nanoseconds (LastBusy).
@@ -121,6 +122,15 @@ func (r *Runner) OnApplied(fn func(*portal.Snapshot)) {
 func (r *Runner) OnServicePanic(fn func(ServicePanic)) {
 	r.mu.Lock()
 	r.onPanic = append(r.onPanic, fn)
+	r.mu.Unlock()
+}
+
+// OnServiceProblem registers fn to be called, on the sync goroutine, for
+// each problem a sync's SyncStats.Problems lists (the runner logs and counts
+// it; fn typically records an event on the Service).
+func (r *Runner) OnServiceProblem(fn func(portal.Problem)) {
+	r.mu.Lock()
+	r.onProblem = append(r.onProblem, fn)
 	r.mu.Unlock()
 }
 
@@ -199,6 +209,7 @@ func (r *Runner) syncOnce(ctx context.Context, full bool) (SyncStats, error) {
 	stats, err := r.syncMeasured(ctx, snap, full)
 	r.metrics.ObserveSync(stats, err)
 	r.reportPanics(ctx, stats.Panics)
+	r.reportProblems(ctx, stats.Problems)
 	if err != nil {
 		if r.unapplied == nil {
 			r.unapplied = map[portal.ServiceKey]struct{}{}
@@ -276,17 +287,31 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (r *Runner) reportPanics(ctx context.Context, panics []ServicePanic) {
-	if len(panics) == 0 {
+	report(r, &r.onPanic, panics, func(p ServicePanic) {
+		r.log.ErrorContext(ctx, "recovered a panic while rendering a Service; it is left out of the dataplane",
+			"backend", r.dp.Name(), "service", p.Service.String(), "err", p.Err.Error(), "stack", string(p.Err.Stack))
+	})
+}
+
+func (r *Runner) reportProblems(ctx context.Context, problems []portal.Problem) {
+	report(r, &r.onProblem, problems, func(p portal.Problem) {
+		r.log.WarnContext(ctx, "a Service is not programmed as asked; the other Services are",
+			"backend", r.dp.Name(), "service", p.Service.String(), "reason", p.Reason, "err", p.Message)
+	})
+}
+
+// report logs each item and hands it to the handlers registered in *fns.
+func report[T any](r *Runner, fns *[]func(T), items []T, log func(T)) {
+	if len(items) == 0 {
 		return
 	}
 	r.mu.Lock()
-	fns := r.onPanic
+	handlers := *fns
 	r.mu.Unlock()
-	for _, p := range panics {
-		r.log.ErrorContext(ctx, "recovered a panic while rendering a Service; it is left out of the dataplane",
-			"backend", r.dp.Name(), "service", p.Service.String(), "err", p.Err.Error(), "stack", string(p.Err.Stack))
-		for _, fn := range fns {
-			fn(p)
+	for _, it := range items {
+		log(it)
+		for _, fn := range handlers {
+			fn(it)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -29,6 +30,7 @@ var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh",
 
 const (
 	svcFlagPersistent    = 0x1 // IP_VS_SVC_F_PERSISTENT
+	svcFlagHashed        = 0x2 // IP_VS_SVC_F_HASHED: the kernel's, on every listed virtual server
 	svcFlagSchedFallback = 0x8 // IP_VS_SVC_F_SCHED1: sh-fallback, mh-fallback
 )
 
@@ -87,6 +89,15 @@ type Backend struct {
 	// v6 turns on the IPv6 chains once an IPv6 Service shows up, so that
 	// IPv4-only clusters pay for one family of iptables commands.
 	v6 bool
+	// scheds is what the kernel said to each scheduler a Service asked
+	// for (nil: it has it; see schedulerErr).
+	scheds map[string]error
+	// failed are the virtual servers the kernel refused; every sync tries
+	// them again, and their Service has an event.
+	failed map[vsKey]vsFailure
+	// problems are the problems reported and still current, per Service
+	// (see report).
+	problems map[portal.ServiceKey]map[string]bool
 }
 
 // activeIPT returns the iptables of the families in use.
@@ -109,7 +120,8 @@ type drainKey struct {
 // iptables binaries, but changes nothing before the first Sync.
 func New(cfg dataplane.Config, opts ...Option) (*Backend, error) {
 	b := &Backend{cfg: cfg, sched: "rr", log: slog.Default(), stateFile: "/run/onehop/ipvs-services.json",
-		drainTimeout: 2 * time.Minute, canaryPeriod: time.Minute, drains: map[drainKey]time.Time{}}
+		drainTimeout: 2 * time.Minute, canaryPeriod: time.Minute, drains: map[drainKey]time.Time{},
+		scheds: map[string]error{}, failed: map[vsKey]vsFailure{}, problems: map[portal.ServiceKey]map[string]bool{}}
 	for _, o := range opts {
 		o(b)
 	}
@@ -172,9 +184,21 @@ var _ dataplane.Dataplane = (*Backend)(nil)
 // the previous sync applied, or, on a full sync, against what the kernel
 // holds. IPVS has no transactions: on error the kernel may hold part of the
 // change, and the next (full) sync converges it.
+//
+// One Service's trouble is that Service's: a scheduler the kernel lacks is
+// replaced by the default before anything is sent, a virtual server the
+// kernel refuses is left out (and tried again by every sync) while the
+// others are programmed, and both are in SyncStats.Problems.
 func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (dataplane.SyncStats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	sp := newSyncProblems()
+	st, err := b.sync(snap, full, sp)
+	st.Problems = b.report(sp)
+	return st, err
+}
+
+func (b *Backend) sync(snap *portal.Snapshot, full bool, sp *syncProblems) (dataplane.SyncStats, error) {
 	start := time.Now()
 	full = full || !b.synced || b.needFull
 	st := dataplane.SyncStats{Full: full, Services: len(snap.Services)}
@@ -197,6 +221,25 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 			}
 		}
 	}
+	// The Services this sync looks at: their schedulers are asked about
+	// before anything is planned, and their problems are reported.
+	var looked []portal.ServiceKey
+	if full {
+		b.forgetRefusals()
+		looked = slices.Collect(maps.Keys(snap.Services))
+		for k := range b.problems {
+			sp.looked[k] = true // gone Services' problems end
+		}
+	} else {
+		looked = append(slices.Clone(snap.Dirty), b.failingServices()...)
+		if b.applied != nil {
+			looked = b.applied.expandDirty(looked)
+		}
+	}
+	for _, k := range looked {
+		sp.looked[k] = true
+	}
+	in.Refused = b.refusedSchedulers(snap.Services, looked)
 	// whole is the complete desired plan; have and want are what the diff
 	// looks at: everything on a full sync, only the keys the dirty
 	// Services had or now have on an incremental one.
@@ -207,7 +250,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		want = whole
 	} else {
 		whole = b.applied
-		dirty := whole.expandDirty(snap.Dirty)
+		dirty := looked // expanded, with the failing Services
 		t := newTouched()
 		scratch := newPlan()
 		for _, k := range dirty {
@@ -226,6 +269,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		stateChanged = before != labels(whole, t, dirty, scratch)
 	}
 	st.Panics = whole.Panics // left out; the runner reports them
+	sp.schedulerProblems(b, snap.Services)
 	for _, c := range whole.Conflicts {
 		b.log.Warn("ipvs: entry not programmed", "conflict", c)
 	}
@@ -264,7 +308,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 		}
 	}
 	changed := map[portal.PortKey]bool{}
-	msgs, err := b.applyServers(have, want, changed)
+	msgs, err := b.applyServers(have, want, !full, changed, sp)
 	st.Messages += msgs
 	if err != nil {
 		return st, err
@@ -494,71 +538,40 @@ func toDest(d netip.AddrPort, weight int) *libipvs.Destination {
 		ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: fam}
 }
 
-// applyServers sends the IPVS differences between have and want.
-func (b *Backend) applyServers(have, want *plan, changed map[portal.PortKey]bool) (int, error) {
+// applyServers sends the IPVS differences between have and want. A virtual
+// server the kernel refuses is recorded in b.failed and sp, and the others
+// go on; one that exists already without onehop knowing it (kube-proxy's,
+// or onehop's after its state file was lost) is adopted: updated to what
+// the Service asks for. With haveFromPlan, have is the applied plan rather
+// than the kernel, and the failed virtual servers in it are created (or
+// adopted) again.
+func (b *Backend) applyServers(have, want *plan, haveFromPlan bool, changed map[portal.PortKey]bool, sp *syncProblems) (int, error) {
 	msgs := 0
 	now := time.Now()
 	for k, v := range want.Servers {
 		old := have.Servers[k]
-		svc := toService(v)
-		switch {
-		case old == nil:
-			msgs++
-			if err := b.ipvs.NewService(svc); err != nil {
-				return msgs, fmt.Errorf("ipvs: adding %s for %s: %w", k, v.Portal, err)
-			}
-			old = &virtualServer{Dests: map[netip.AddrPort]int{}}
-			changed[v.Portal] = true
-		case !old.sameService(v):
-			msgs++
-			if err := b.ipvs.UpdateService(svc); err != nil {
-				return msgs, fmt.Errorf("ipvs: updating %s for %s: %w", k, v.Portal, err)
-			}
-			changed[v.Portal] = true
+		if _, failed := b.failed[k]; failed && haveFromPlan {
+			old = nil
 		}
-		for d, w := range v.Dests {
-			ow, ok := old.Dests[d]
-			switch {
-			case !ok:
-				msgs++
-				if err := b.ipvs.NewDestination(svc, toDest(d, w)); err != nil {
-					return msgs, fmt.Errorf("ipvs: adding %s to %s: %w", d, k, err)
-				}
-				changed[v.Portal] = true
-			case ow != w:
-				msgs++
-				if err := b.ipvs.UpdateDestination(svc, toDest(d, w)); err != nil {
-					return msgs, fmt.Errorf("ipvs: weight of %s in %s: %w", d, k, err)
-				}
-				changed[v.Portal] = true
-			}
-			delete(b.drains, drainKey{k, d})
+		n, err := b.applyServer(k, v, old, now, changed)
+		msgs += n
+		if err != nil && !refusedByKernel(err) {
+			return msgs, fmt.Errorf("ipvs: %s for %s: %w", k, v.Portal, err) // the node's trouble, not the Service's
 		}
-		for d, ow := range old.Dests {
-			if _, ok := v.Dests[d]; ok {
-				continue
+		if err != nil {
+			if prev, ok := b.failed[k]; !ok || prev.err.Error() != err.Error() {
+				b.log.Error("ipvs: virtual server not programmed; the other Services are", "service", v.Portal.String(), "virtual_server", k.String(), "err", err)
 			}
-			dk := drainKey{k, d}
-			if k.Proto == portal.UDP {
-				// No graceful termination for UDP: flows have no end, and
-				// expire_nodest_conn moves them on their next packet.
-				msgs++
-				if err := b.ipvs.DelDestination(svc, toDest(d, 0)); err != nil {
-					return msgs, fmt.Errorf("ipvs: removing %s from %s: %w", d, k, err)
-				}
-				delete(b.drains, dk)
-				changed[v.Portal] = true
-				continue
-			}
-			if ow != 0 {
-				msgs++
-				if err := b.ipvs.UpdateDestination(svc, toDest(d, 0)); err != nil {
-					return msgs, fmt.Errorf("ipvs: draining %s in %s: %w", d, k, err)
-				}
-				changed[v.Portal] = true
-			}
-			if _, ok := b.drains[dk]; !ok {
-				b.drains[dk] = now
+			b.failed[k] = vsFailure{service: v.Portal.Service, err: err}
+			sp.add(v.Portal.Service, ReasonVirtualServerFailed, "%s not served at %s: %v", v.Portal.Port, k, err)
+			continue
+		}
+		delete(b.failed, k)
+	}
+	if !haveFromPlan {
+		for k := range b.failed {
+			if _, ok := want.Servers[k]; !ok {
+				delete(b.failed, k) // no longer wanted
 			}
 		}
 	}
@@ -567,6 +580,7 @@ func (b *Backend) applyServers(have, want *plan, changed map[portal.PortKey]bool
 			continue
 		}
 		msgs++
+		delete(b.failed, k)
 		if err := b.ipvs.DelService(toService(old)); err != nil && !isNotExist(err) {
 			return msgs, fmt.Errorf("ipvs: removing %s: %w", k, err)
 		}
@@ -578,6 +592,141 @@ func (b *Backend) applyServers(have, want *plan, changed map[portal.PortKey]bool
 		changed[old.Portal] = true
 	}
 	return msgs, nil
+}
+
+// applyServer brings one virtual server from old (nil: not in the kernel,
+// as far as onehop knows) to v.
+func (b *Backend) applyServer(k vsKey, v, old *virtualServer, now time.Time, changed map[portal.PortKey]bool) (int, error) {
+	msgs := 0
+	svc := toService(v)
+	switch {
+	case old == nil:
+		msgs++
+		err := b.ipvs.NewService(svc)
+		if errors.Is(err, syscall.EEXIST) {
+			msgs += 2
+			old, err = b.adopt(svc, v)
+		} else if err != nil {
+			err = fmt.Errorf("adding it: %w", err)
+		}
+		if err != nil {
+			return msgs, err
+		}
+		if old == nil {
+			old = &virtualServer{Dests: map[netip.AddrPort]int{}}
+		}
+		changed[v.Portal] = true
+	case !old.sameService(v):
+		msgs++
+		if err := b.ipvs.UpdateService(svc); err != nil {
+			return msgs, fmt.Errorf("updating it: %w", err)
+		}
+		changed[v.Portal] = true
+	}
+	for d, w := range v.Dests {
+		ow, ok := old.Dests[d]
+		switch {
+		case !ok:
+			msgs++
+			if err := b.ipvs.NewDestination(svc, toDest(d, w)); err != nil {
+				return msgs, fmt.Errorf("adding endpoint %s: %w", d, err)
+			}
+			changed[v.Portal] = true
+		case ow != w:
+			msgs++
+			if err := b.ipvs.UpdateDestination(svc, toDest(d, w)); err != nil {
+				return msgs, fmt.Errorf("weight of endpoint %s: %w", d, err)
+			}
+			changed[v.Portal] = true
+		}
+		delete(b.drains, drainKey{k, d})
+	}
+	for d, ow := range old.Dests {
+		if _, ok := v.Dests[d]; ok {
+			continue
+		}
+		dk := drainKey{k, d}
+		if k.Proto == portal.UDP {
+			// No graceful termination for UDP: flows have no end, and
+			// expire_nodest_conn moves them on their next packet.
+			msgs++
+			if err := b.ipvs.DelDestination(svc, toDest(d, 0)); err != nil && !isNotExist(err) {
+				return msgs, fmt.Errorf("removing endpoint %s: %w", d, err)
+			}
+			delete(b.drains, dk)
+			changed[v.Portal] = true
+			continue
+		}
+		if ow != 0 {
+			msgs++
+			if err := b.ipvs.UpdateDestination(svc, toDest(d, 0)); err != nil {
+				return msgs, fmt.Errorf("draining endpoint %s: %w", d, err)
+			}
+			changed[v.Portal] = true
+		}
+		if _, ok := b.drains[dk]; !ok {
+			b.drains[dk] = now
+		}
+	}
+	return msgs, nil
+}
+
+// refusedByKernel reports whether err is the kernel refusing one virtual
+// server or destination as asked (a scheduler it lacks, a value it does not
+// take, one that exists already and could not be adopted), rather than
+// trouble of the node (out of memory, netlink itself failing), which fails
+// the sync.
+func refusedByKernel(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EINVAL, syscall.ENOENT, syscall.EEXIST, syscall.ESRCH, syscall.EOPNOTSUPP,
+		syscall.EAFNOSUPPORT, syscall.EPROTONOSUPPORT, syscall.ERANGE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// adopt takes over the virtual server the kernel already has at svc's
+// address, port and protocol: it is onehop's to program, whoever made it
+// (kube-proxy's IPVS mode leaves its virtual servers behind, and a lost
+// state file hides onehop's own NodePort ones), as kube-proxy updates an
+// existing one. Its settings are updated to v's, and its destinations are
+// returned as old ones, so that those v does not have drain and go; a
+// destination forwarded otherwise than by masquerade gets weight -1, so
+// that it is updated.
+func (b *Backend) adopt(svc *libipvs.Service, v *virtualServer) (*virtualServer, error) {
+	cur, err := b.ipvs.GetService(svc)
+	if err != nil {
+		return nil, fmt.Errorf("it exists, but reading it failed: %w", err)
+	}
+	old := &virtualServer{Key: v.Key, Sched: cur.SchedName, Dests: map[netip.AddrPort]int{}}
+	old.Fallback = cur.Flags&svcFlagSchedFallback != 0
+	if cur.Flags&svcFlagPersistent != 0 {
+		old.Timeout = cur.Timeout
+	}
+	ds, err := b.ipvs.GetDestinations(cur)
+	if err != nil {
+		return nil, fmt.Errorf("it exists, but reading its destinations failed: %w", err)
+	}
+	for _, d := range ds {
+		a, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			continue
+		}
+		w := d.Weight
+		if d.ConnectionFlags&libipvs.ConnectionFlagFwdMask != libipvs.ConnectionFlagMasq {
+			w = -1
+		}
+		old.Dests[netip.AddrPortFrom(a.Unmap(), d.Port)] = w
+	}
+	if !old.sameService(v) || cur.Flags&^(svcFlagPersistent|svcFlagHashed|svcFlagSchedFallback) != 0 {
+		if err := b.ipvs.UpdateService(svc); err != nil {
+			return nil, fmt.Errorf("it exists, and updating it failed: %w", err)
+		}
+	}
+	b.log.Info("ipvs: adopted an existing virtual server", "service", v.Portal.String(), "virtual_server", v.Key.String(),
+		"scheduler", cur.SchedName, "destinations", len(old.Dests))
+	return old, nil
 }
 
 // applyVIPs binds the wanted VIPs to the dummy interface and removes the others.

@@ -149,6 +149,9 @@ type planInput struct {
 	Cfg       dataplane.Config
 	Sched     string
 	NodeAddrs []netip.Addr // NodePort addresses, both families
+	// Refused are the schedulers the kernel lacks: a Service asking for
+	// one gets Sched instead (and an event).
+	Refused map[string]bool
 }
 
 func newPlan() *plan {
@@ -366,7 +369,7 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 			d[netip.AddrPortFrom(e.Addr().Unmap(), e.Port())] = 1
 		}
 		sched := in.Sched
-		if p.Scheduler != "" {
+		if p.Scheduler != "" && !in.Refused[p.Scheduler] {
 			sched = p.Scheduler // onehop.io/scheduler on the Service
 		}
 		pl.Servers[k] = &virtualServer{Key: k, Sched: sched, Timeout: timeout, Fallback: hashing(sched), Dests: d, Portal: p.Key, Kind: kind}

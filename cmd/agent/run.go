@@ -532,6 +532,9 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		pr := p.Problem()
 		serviceEvent(p.Service, pr.Reason, pr.Message)
 	})
+	// So is the owner of a Service the backend programmed only in part, or
+	// not as asked (a scheduler the kernel lacks, a refused virtual server).
+	runner.OnServiceProblem(func(p portal.Problem) { serviceEvent(p.Service, p.Reason, p.Message) })
 	if health != nil {
 		runner.OnApplied(func(*portal.Snapshot) {
 			n := tracker.Node()
