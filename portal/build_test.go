@@ -101,6 +101,48 @@ func buildCases() []buildCase {
 			},
 		},
 		{
+			// kube-proxy reads an unset serving as true: a terminating
+			// endpoint that says nothing more is a fallback when none is ready.
+			name:   "an unset serving condition is true",
+			svc:    svc(nil),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2", ready: no, terminating: yes})},
+			want: func(t *testing.T, s *Service) {
+				if p := s.Portals[0]; !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080")) {
+					t.Errorf("endpoints %v; want the terminating one, serving by default", p.ClusterEndpoints)
+				}
+			},
+		},
+		{
+			// publishNotReadyAddresses is the EndpointSlice controller's:
+			// it writes such endpoints ready. A slice that says not ready
+			// is believed, as kube-proxy does.
+			name:   "publishNotReadyAddresses does not override the slice",
+			svc:    svc(func(s *v1.Service) { s.Spec.PublishNotReadyAddresses = true }),
+			slices: []*discovery.EndpointSlice{slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2", ready: no, serving: no}, ep{ip: "10.244.1.3"})},
+			want: func(t *testing.T, s *Service) {
+				if p := s.Portals[0]; !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.3:8080")) {
+					t.Errorf("endpoints %v; want the ready one alone", p.ClusterEndpoints)
+				}
+			},
+		},
+		{
+			// An address in two slices: a terminating pod's, reused by a new
+			// pod before the old one is gone. The entry that is not
+			// terminating wins, whichever slice comes first.
+			name: "an endpoint listed twice takes the entry that is not terminating",
+			svc:  svc(nil),
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2", node: "n1", ready: no, serving: yes, terminating: yes}),
+				slice("b", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2", node: "n2"}),
+				slice("c", discovery.AddressTypeIPv4, 8080, ep{ip: "10.244.1.2", node: "n1", ready: no, serving: yes, terminating: yes}),
+			},
+			want: func(t *testing.T, s *Service) {
+				if p := s.Portals[0]; !slices.Equal(p.ClusterEndpoints, addrs("10.244.1.2:8080")) || len(p.Hairpin) != 0 {
+					t.Errorf("endpoints %v, hairpin %v; want the ready entry on n2 alone", p.ClusterEndpoints, p.Hairpin)
+				}
+			},
+		},
+		{
 			name: "headless and ExternalName are not served",
 			svc:  svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, nil }),
 			want: func(t *testing.T, s *Service) {

@@ -112,14 +112,14 @@ func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery
 		}
 		for i := range es.Endpoints {
 			ep := &es.Endpoints[i]
+			// As kube-proxy: an unset condition is true, except
+			// terminating. publishNotReadyAddresses is the EndpointSlice
+			// controller's business (it writes such endpoints ready).
 			c := candidate{
-				ready:       ep.Conditions.Ready == nil || *ep.Conditions.Ready || b.svc.Spec.PublishNotReadyAddresses,
+				ready:       ep.Conditions.Ready == nil || *ep.Conditions.Ready,
+				serving:     ep.Conditions.Serving == nil || *ep.Conditions.Serving,
 				terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
 				local:       ep.NodeName != nil && *ep.NodeName == b.cfg.NodeName && b.cfg.NodeName != "",
-			}
-			c.serving = c.ready
-			if ep.Conditions.Serving != nil {
-				c.serving = *ep.Conditions.Serving
 			}
 			if ep.Hints != nil {
 				for _, n := range ep.Hints.ForNodes {
@@ -145,12 +145,14 @@ func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery
 				}
 				c.addr = netip.AddrPortFrom(a, port)
 				if j, dup := seen[c.addr]; dup {
-					// The same endpoint in two slices (during a move): the
-					// better condition wins.
-					if c.ready && !out[j].ready {
+					// The same endpoint twice: in two slices during a move,
+					// or a new pod given a terminating one's address. As
+					// kube-proxy, a later entry wins unless it is
+					// terminating.
+					if !c.terminating {
 						out[j] = c
 					}
-					continue
+					break
 				}
 				seen[c.addr] = len(out)
 				out = append(out, c)
