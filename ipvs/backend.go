@@ -98,6 +98,9 @@ type Backend struct {
 	// problems are the problems reported and still current, per Service
 	// (see report).
 	problems map[portal.ServiceKey]map[string]bool
+	// host are the node's own addresses (not on the dummy) at the last
+	// full sync: the Service IP filter leaves them alone.
+	host map[netip.Addr]bool
 }
 
 // activeIPT returns the iptables of the families in use.
@@ -302,13 +305,27 @@ func (b *Backend) sync(snap *portal.Snapshot, full bool, sp *syncProblems) (data
 				return st, err
 			}
 			bt := batch{}
-			t.ensureBase(b.cfg, fam, tables, bt)
+			t.ensureBase(b.cfg, fam, tables, bt, b.sets != nil)
 			readRules(fam, have, tables)
 			batches[fam] = bt
 		}
 	}
 	changed := map[portal.PortKey]bool{}
 	msgs, err := b.applyServers(have, want, !full, changed, sp)
+	st.Messages += msgs
+	if err != nil {
+		return st, err
+	}
+	if full {
+		if b.host, err = b.hostAddrs(); err != nil {
+			return st, err
+		}
+	}
+	haveFilter, wantFilter := have.Filter, filterOf(want, b.host)
+	if !full {
+		haveFilter = filterOf(have, b.host)
+	}
+	msgs, err = b.sets.applyFilter(haveFilter, wantFilter, slices.Collect(maps.Keys(b.activeIPT())))
 	st.Messages += msgs
 	if err != nil {
 		return st, err
@@ -368,6 +385,22 @@ func (b *Backend) nodePortAddrs(n portal.Node) ([]netip.Addr, error) {
 		slices.SortFunc(out, netip.Addr.Compare)
 		return slices.Compact(out), nil
 	}
+	own, err := b.ownAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range own {
+		if a.IsGlobalUnicast() {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), nil
+}
+
+// ownAddrs are the node's addresses on interfaces other than the dummy.
+func (b *Backend) ownAddrs() ([]netip.Addr, error) {
 	addrs, err := b.nl.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: listing node addresses: %w", err)
@@ -378,14 +411,11 @@ func (b *Backend) nodePortAddrs(n portal.Node) ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || a.LinkIndex == dummyIdx || !ip.Unmap().IsGlobalUnicast() {
-			continue
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && a.LinkIndex != dummyIdx {
+			out = append(out, ip.Unmap())
 		}
-		out = append(out, ip.Unmap())
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out), nil
+	return out, nil
 }
 
 // setup sets the sysctls (see doc.go for why each) and creates the dummy
@@ -434,6 +464,7 @@ func (b *Backend) readKernel() (*plan, error) {
 	for _, a := range vips {
 		pl.VIPs[a] = true
 	}
+	pl.Filter = filterState{Sets: map[string]bool{}, VIPs: map[netip.Addr]bool{}, Ports: map[vsKey]bool{}}
 	if err := b.sets.read(pl); err != nil {
 		return nil, err
 	}
@@ -856,7 +887,7 @@ func (b *Backend) Check(ctx context.Context) error {
 	if now := time.Now(); b.canaryPeriod <= 0 || now.Sub(b.canaryAt) >= b.canaryPeriod {
 		b.canaries++
 		for fam, t := range b.activeIPT() {
-			if err := t.checkBase(fam); err != nil {
+			if err := t.checkBase(fam, b.sets != nil); err != nil {
 				return err // canaryAt stays: the next Check looks again
 			}
 		}

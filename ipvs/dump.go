@@ -118,7 +118,7 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
+		for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}, {"filter", chainFilter}}, entryChains...) {
 			fmt.Fprintf(&raw, "\n# %s %s %s\n", fam, c.table, c.chain)
 			for _, r := range tables[c.table][c.chain] {
 				fmt.Fprintf(&raw, "-A %s %s\n", c.chain, strings.Join(r, " "))
@@ -142,6 +142,9 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 		for _, p := range c.Nets {
 			fmt.Fprintf(&raw, "%s\n", p)
 		}
+	}
+	if f := sets.Filter; f.Sets != nil {
+		fmt.Fprintf(&raw, "\n# Service IP filter: %d addresses, %d ports (ipsets %v)\n", len(f.VIPs), len(f.Ports), sortedKeys(f.Sets))
 	}
 	d.Raw = raw.String()
 	return d, nil

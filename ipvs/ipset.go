@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -79,13 +80,18 @@ func (i *ipsets) read(pl *plan) error {
 		return fmt.Errorf("ipvs: listing ipsets: %w", err)
 	}
 	for _, m := range msgs {
-		name, fam, nets := parseSetMsg(m)
+		name, fam, elems := parseSetMsg(m)
+		if pl.Filter.read(name, fam, elems) {
+			continue
+		}
 		if !strings.HasPrefix(name, rangeSetPrefix) {
 			continue
 		}
 		s := pl.Sets[name]
 		s.Family = fam
-		s.Nets = append(s.Nets, nets...) // a large set comes in several messages
+		for _, e := range elems { // a large set comes in several messages
+			s.Nets = append(s.Nets, e.Net)
+		}
 		pl.Sets[name] = s
 	}
 	for name, s := range pl.Sets {
@@ -96,15 +102,23 @@ func (i *ipsets) read(pl *plan) error {
 	return nil
 }
 
+// setElem is one element of an ipset: a network (hash:net) or an address
+// with a protocol and port (hash:ip,port; Proto is not 0).
+type setElem struct {
+	Net   netip.Prefix
+	Proto uint8
+	Port  uint16
+}
+
 // parseSetMsg reads one IPSET_CMD_LIST answer: the set's name, family and
-// the networks of its hash:net elements.
-func parseSetMsg(m []byte) (string, portal.Family, []netip.Prefix) {
+// elements (hash:net and hash:ip,port).
+func parseSetMsg(m []byte) (string, portal.Family, []setElem) {
 	if len(m) < 4 {
 		return "", 0, nil
 	}
 	var name string
 	fam := portal.IPv4
-	var nets []netip.Prefix
+	var elems []setElem
 	for a := range nl.ParseAttributes(m[4:]) {
 		switch a.Type & nl.NLA_TYPE_MASK {
 		case nl.IPSET_ATTR_SETNAME:
@@ -120,8 +134,17 @@ func parseSetMsg(m []byte) (string, portal.Family, []netip.Prefix) {
 				}
 				var addr netip.Addr
 				bits := -1
+				var el setElem
 				for e := range nl.ParseAttributes(d.Value) {
 					switch e.Type & nl.NLA_TYPE_MASK {
+					case nl.IPSET_ATTR_PORT:
+						if len(e.Value) >= 2 {
+							el.Port = binary.BigEndian.Uint16(e.Value)
+						}
+					case nl.IPSET_ATTR_PROTO:
+						if len(e.Value) > 0 {
+							el.Proto = e.Value[0]
+						}
 					case nl.IPSET_ATTR_IP:
 						for ip := range nl.ParseAttributes(e.Value) {
 							if x, ok := netip.AddrFromSlice(ip.Value); ok {
@@ -139,13 +162,14 @@ func parseSetMsg(m []byte) (string, portal.Family, []netip.Prefix) {
 						bits = addr.BitLen()
 					}
 					if p, err := addr.Prefix(bits); err == nil {
-						nets = append(nets, p)
+						el.Net = p
+						elems = append(elems, el)
 					}
 				}
 			}
 		}
 	}
-	return name, fam, nets
+	return name, fam, elems
 }
 
 // setBatch is how many elements one netlink message adds or deletes
@@ -156,17 +180,27 @@ const setBatch = 1000
 // name, setBatch to a message; an element already there (add) or already
 // gone (del) is no error. It returns the number of messages sent.
 func (i *ipsets) elements(cmd int, name string, nets []netip.Prefix) (int, error) {
+	elems := make([]setElem, len(nets))
+	for n, p := range nets {
+		elems[n] = setElem{Net: p}
+	}
+	return i.elems(cmd, name, elems)
+}
+
+// elems is elements for any element kind.
+func (i *ipsets) elems(cmd int, name string, elems []setElem) (int, error) {
 	msgs := 0
-	for len(nets) > 0 {
-		chunk := nets[:min(len(nets), setBatch)]
-		nets = nets[len(chunk):]
+	for len(elems) > 0 {
+		chunk := elems[:min(len(elems), setBatch)]
+		elems = elems[len(chunk):]
 		req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), nl.GetIpsetFlags(cmd))
 		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: i.list}
 		req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
 		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
 		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
 		adt := nl.NewRtAttr(nl.IPSET_ATTR_ADT|int(nl.NLA_F_NESTED), nil)
-		for _, p := range chunk {
+		for _, e := range chunk {
+			p := e.Net
 			typ := nl.IPSET_ATTR_IPADDR_IPV4
 			if p.Addr().Is6() {
 				typ = nl.IPSET_ATTR_IPADDR_IPV6
@@ -175,7 +209,14 @@ func (i *ipsets) elements(cmd int, name string, nets []netip.Prefix) (int, error
 			ip.AddChild(nl.NewRtAttr(typ|int(nl.NLA_F_NET_BYTEORDER), p.Addr().AsSlice()))
 			data := nl.NewRtAttr(nl.IPSET_ATTR_DATA|int(nl.NLA_F_NESTED), nil)
 			data.AddChild(ip)
-			data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_CIDR, nl.Uint8Attr(uint8(p.Bits()))))
+			if e.Proto != 0 {
+				port := make([]byte, 2)
+				binary.BigEndian.PutUint16(port, e.Port)
+				data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|int(nl.NLA_F_NET_BYTEORDER), port))
+				data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PROTO, nl.Uint8Attr(e.Proto)))
+			} else {
+				data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_CIDR, nl.Uint8Attr(uint8(p.Bits()))))
+			}
 			adt.AddChild(data)
 		}
 		req.AddData(adt)
@@ -302,6 +343,9 @@ func (i *ipsets) destroyAll() error {
 		return err
 	}
 	for name := range pl.Sets {
+		i.pending[name] = true
+	}
+	for name := range pl.Filter.Sets {
 		i.pending[name] = true
 	}
 	for try := 0; len(i.pending) > 0 && try < 20; try++ {

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"maps"
 	"net/netip"
 	"os"
 	"testing"
@@ -83,4 +84,82 @@ func TestIPSets(t *testing.T) {
 	if got := read(); len(got.Sets) != 0 {
 		t.Errorf("after destroyAll: %+v", got.Sets)
 	}
+}
+
+// TestFilterSets drives the Service IP filter's sets (filter.go) against
+// the kernel's ip_set in a throwaway namespace: created with their
+// elements (addresses, and address, protocol and port), read back equal,
+// changed element by element, left alone when unchanged, and destroyed by
+// destroyAll.
+func TestFilterSets(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	ns := nsutil.New(t, "ohf-")
+	var sets *ipsets
+	if err := ns.Do(func() (err error) { sets, err = openIPSets(); return err }); err != nil {
+		t.Skipf("no netfilter netlink: %v", err)
+	}
+	defer sets.close()
+	fams := []portal.Family{portal.IPv4, portal.IPv6}
+	read := func() filterState {
+		t.Helper()
+		pl := newPlan()
+		pl.Filter = filterState{Sets: map[string]bool{}, VIPs: map[netip.Addr]bool{}, Ports: map[vsKey]bool{}}
+		if err := sets.read(pl); err != nil {
+			t.Fatal(err)
+		}
+		return pl.Filter
+	}
+	key := func(proto portal.Protocol, ap string) vsKey {
+		a := netip.MustParseAddrPort(ap)
+		return vsKey{Proto: proto, Addr: a.Addr(), Port: a.Port()}
+	}
+	want := filterState{
+		VIPs: map[netip.Addr]bool{netip.MustParseAddr("10.96.0.1"): true, netip.MustParseAddr("fd00:96::1"): true},
+		Ports: map[vsKey]bool{key(portal.TCP, "10.96.0.1:80"): true, key(portal.UDP, "10.96.0.1:53"): true,
+			key(portal.SCTP, "10.96.0.1:9999"): true, key(portal.TCP, "[fd00:96::1]:443"): true},
+	}
+	n, err := sets.applyFilter(read(), want, fams)
+	if err != nil {
+		if os.Getenv("ONEHOP_VM") == "" {
+			t.Skipf("this kernel cannot create the filter's ipsets: %v", err)
+		}
+		t.Fatal(err)
+	}
+	if n != 8 {
+		t.Errorf("four sets created and filled: %d messages, want 8", n)
+	}
+	got := read()
+	if len(got.Sets) != 4 || !maps.Equal(got.VIPs, want.VIPs) || !maps.Equal(got.Ports, want.Ports) {
+		t.Fatalf("read back %+v, want %+v", got, want)
+	}
+	if n, err := sets.applyFilter(got, want, fams); err != nil || n != 0 {
+		t.Errorf("unchanged: %d messages, %v", n, err)
+	}
+	next := filterState{VIPs: map[netip.Addr]bool{netip.MustParseAddr("10.96.0.1"): true, netip.MustParseAddr("fd00:96::1"): true},
+		Ports: maps.Clone(want.Ports)}
+	delete(next.Ports, key(portal.UDP, "10.96.0.1:53"))
+	next.Ports[key(portal.UDP, "10.96.0.1:5353")] = true
+	if n, err := sets.applyFilter(filterOf(&plan{VIPs: want.VIPs, Servers: servers(want.Ports)}, nil), next, fams); err != nil || n != 2 {
+		t.Errorf("one port swapped: %d messages (want an add and a delete), %v", n, err)
+	}
+	if got := read(); !maps.Equal(got.Ports, next.Ports) {
+		t.Errorf("after the change: %v, want %v", got.Ports, next.Ports)
+	}
+	if err := sets.destroyAll(); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); len(got.Sets) != 0 {
+		t.Errorf("after destroyAll: %v", got.Sets)
+	}
+}
+
+// servers makes a plan's virtual servers (on Service IPs) of keys.
+func servers(keys map[vsKey]bool) map[vsKey]*virtualServer {
+	out := map[vsKey]*virtualServer{}
+	for k := range keys {
+		out[k] = &virtualServer{Key: k, Kind: kindClusterIP}
+	}
+	return out
 }

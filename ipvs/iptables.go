@@ -14,7 +14,7 @@ import (
 )
 
 // iptables wraps one family's iptables binary. onehop only ever changes the
-// chains it owns (ONEHOP-IPVS-*, ONEHOP-SR-*) and one jump rule in each of
+// chains it owns (ONEHOP-IPVS-*, ONEHOP-SR-*) and the jump rules to them from
 // nat POSTROUTING and filter INPUT.
 type iptables struct {
 	t           *goipt.IPTables
@@ -43,9 +43,15 @@ var entryChains = []struct{ table, chain string }{
 	{"nat", chainMasqExt}, {"nat", chainKeepSource}, {"nat", chainHairpin}, {"filter", chainInput},
 }
 
-var jumps = []struct{ table, from, to string }{
-	{"nat", "POSTROUTING", chainPostrouting},
-	{"filter", "INPUT", chainInput},
+// jumps lead from the built-in chains to onehop's; those marked filter only
+// when the Service IP filter is on (it needs ipsets).
+var jumps = []struct {
+	table, from, to string
+	filter          bool
+}{
+	{"nat", "POSTROUTING", chainPostrouting, false},
+	{"filter", "INPUT", chainInput, false},
+	{"filter", "INPUT", chainFilter, true},
 }
 
 func jumpSpec(to string) []string {
@@ -118,24 +124,43 @@ func (i *iptables) commit(bt batch) (int, error) {
 }
 
 // ensureBase adds to bt what creates onehop's chains, rewrites the fixed
-// postrouting chain when it differs, and adds the jumps from the built-in
-// chains, given the tables as they are.
-func (i *iptables) ensureBase(cfg dataplane.Config, fam portal.Family, tables map[string]tableRules, bt batch) {
-	for _, c := range append([]struct{ table, chain string }{{"nat", chainPostrouting}}, entryChains...) {
+// postrouting (and, withFilter, Service IP filter) chain when it differs,
+// and adds the jumps from the built-in chains, given the tables as they are.
+func (i *iptables) ensureBase(cfg dataplane.Config, fam portal.Family, tables map[string]tableRules, bt batch, withFilter bool) {
+	fixed := []struct {
+		table, chain string
+		rules        [][]string
+	}{{"nat", chainPostrouting, postroutingRules(cfg, fam, i.randomFully)}}
+	if withFilter {
+		fixed = append(fixed, struct {
+			table, chain string
+			rules        [][]string
+		}{"filter", chainFilter, filterRules(fam)})
+	}
+	for _, c := range fixed {
 		if _, ok := tables[c.table][c.chain]; !ok {
 			bt.add(c.table, "-N", c.chain)
 		}
 	}
-	want := postroutingRules(cfg, fam, i.randomFully)
-	if have := tables["nat"][chainPostrouting]; !slices.EqualFunc(have, want, slices.Equal) {
-		// A fixed chain of a dozen rules: flush and refill in the same
-		// transaction, so no packet sees it half-written.
-		bt.add("nat", "-F", chainPostrouting)
-		for _, r := range want {
-			bt.add("nat", append([]string{"-A", chainPostrouting}, r...)...)
+	for _, c := range entryChains {
+		if _, ok := tables[c.table][c.chain]; !ok {
+			bt.add(c.table, "-N", c.chain)
+		}
+	}
+	for _, c := range fixed {
+		if have := tables[c.table][c.chain]; !slices.EqualFunc(have, c.rules, slices.Equal) {
+			// A fixed chain of a few rules: flush and refill in the same
+			// transaction, so no packet sees it half-written.
+			bt.add(c.table, "-F", c.chain)
+			for _, r := range c.rules {
+				bt.add(c.table, append([]string{"-A", c.chain}, r...)...)
+			}
 		}
 	}
 	for _, j := range jumps {
+		if j.filter && !withFilter {
+			continue
+		}
 		if !slices.ContainsFunc(tables[j.table][j.from], func(r []string) bool { return slices.Equal(r, jumpSpec(j.to)) }) {
 			bt.add(j.table, append([]string{"-I", j.from, "1"}, jumpSpec(j.to)...)...)
 		}
@@ -157,8 +182,11 @@ func (i *iptables) tablesNow() (map[string]tableRules, error) {
 
 // checkBase reports a missing jump or chain (iptables -C fails when the
 // target chain is gone, too).
-func (i *iptables) checkBase(fam portal.Family) error {
+func (i *iptables) checkBase(fam portal.Family, withFilter bool) error {
 	for _, j := range jumps {
+		if j.filter && !withFilter {
+			continue
+		}
 		ok, err := i.t.Exists(j.table, j.from, jumpSpec(j.to)...)
 		if err != nil || !ok {
 			return fmt.Errorf("ipvs: %s jump %s/%s -> %s is gone (%v)", fam, j.table, j.from, j.to, err)

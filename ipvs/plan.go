@@ -103,6 +103,13 @@ type plan struct {
 	// Topology per portal (portal.Portal.Topology), for Dump: set for the
 	// portals in Local that have one.
 	Topology map[string]string
+	// Allowed are ports of Service IPs that are no virtual server but
+	// reach the node: health-check node ports at load-balancer IPs (see
+	// filter.go).
+	Allowed map[vsKey]bool
+	// Filter is what the kernel's filter sets hold, in plans read from
+	// the kernel; filterOf(plan) is what they must hold.
+	Filter filterState
 	// Conflicts are entries another Service's portal already claimed.
 	Conflicts []string
 	// Panics are the Services left out because planning them panicked
@@ -115,10 +122,11 @@ type plan struct {
 	Parts map[portal.ServiceKey]*part
 	// Losers are the Services that lost an entry to another: when anything
 	// changes, they are re-added too, so that one takes a freed entry.
-	Losers   map[portal.ServiceKey]bool
-	VIPRefs  map[netip.Addr]int
-	RuleRefs map[string]int
-	SetRefs  map[string]int
+	Losers      map[portal.ServiceKey]bool
+	VIPRefs     map[netip.Addr]int
+	RuleRefs    map[string]int
+	SetRefs     map[string]int
+	AllowedRefs map[vsKey]int
 }
 
 // part is what one Service contributed to a plan.
@@ -128,6 +136,7 @@ type part struct {
 	Rules   []string
 	Sets    []string
 	Local   []string
+	Allowed []vsKey
 }
 
 type srChain struct {
@@ -157,7 +166,8 @@ type planInput struct {
 func newPlan() *plan {
 	return &plan{Servers: map[vsKey]*virtualServer{}, VIPs: map[netip.Addr]bool{}, Rules: map[string]rule{},
 		SRChains: map[string]srChain{}, Sets: map[string]rangeSet{}, Local: map[string][]string{}, Topology: map[string]string{},
-		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SetRefs: map[string]int{}}
+		Parts: map[portal.ServiceKey]*part{}, Losers: map[portal.ServiceKey]bool{}, VIPRefs: map[netip.Addr]int{}, RuleRefs: map[string]int{}, SetRefs: map[string]int{},
+		Allowed: map[vsKey]bool{}, AllowedRefs: map[vsKey]int{}}
 }
 
 // expandDirty adds the Services that lost a conflict to dirty, sorted as
@@ -239,12 +249,24 @@ func (pl *plan) removeService(k portal.ServiceKey) {
 		delete(pl.Local, l)
 		delete(pl.Topology, l)
 	}
+	for _, k := range pt.Allowed {
+		if pl.AllowedRefs[k]--; pl.AllowedRefs[k] <= 0 {
+			delete(pl.AllowedRefs, k)
+			delete(pl.Allowed, k)
+		}
+	}
 }
 
 func (pl *plan) addVIP(a netip.Addr, pt *part) {
 	pl.VIPs[a] = true
 	pl.VIPRefs[a]++
 	pt.VIPs = append(pt.VIPs, a)
+}
+
+func (pl *plan) addAllowed(k vsKey, pt *part) {
+	pl.Allowed[k] = true
+	pl.AllowedRefs[k]++
+	pt.Allowed = append(pt.Allowed, k)
 }
 
 func (pl *plan) addPartRule(r rule, pt *part) {
@@ -281,6 +303,11 @@ func (pl *plan) subset(t *touched) *plan {
 			out.Sets[c] = x
 		}
 	}
+	for k := range t.allowed {
+		if pl.Allowed[k] {
+			out.Allowed[k] = true
+		}
+	}
 	return out
 }
 
@@ -290,10 +317,11 @@ type touched struct {
 	vips    map[netip.Addr]bool
 	rules   map[string]bool
 	sets    map[string]bool
+	allowed map[vsKey]bool
 }
 
 func newTouched() *touched {
-	return &touched{servers: map[vsKey]bool{}, vips: map[netip.Addr]bool{}, rules: map[string]bool{}, sets: map[string]bool{}}
+	return &touched{servers: map[vsKey]bool{}, vips: map[netip.Addr]bool{}, rules: map[string]bool{}, sets: map[string]bool{}, allowed: map[vsKey]bool{}}
 }
 
 func (t *touched) addPart(pt *part) {
@@ -311,6 +339,9 @@ func (t *touched) addPart(pt *part) {
 	}
 	for _, c := range pt.Sets {
 		t.sets[c] = true
+	}
+	for _, k := range pt.Allowed {
+		t.allowed[k] = true
 	}
 }
 
@@ -397,6 +428,9 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		if add(ip, p.Port, kindLoadBalancer, external) {
 			pl.addVIP(ip.Unmap(), pt)
 			exts = append(exts, ext{ip.Unmap(), p.Port, kindLoadBalancer})
+			if p.HealthCheckNodePort != 0 {
+				pl.addAllowed(vsKey{Proto: portal.TCP, Addr: ip.Unmap(), Port: p.HealthCheckNodePort}, pt)
+			}
 		}
 	}
 	if p.NodePort != 0 {
@@ -559,6 +593,10 @@ func (pl *plan) render(cfg dataplane.Config, randomFully bool) string {
 		fmt.Fprintf(&b, "\n# %s nat %s\n", fam, chainPostrouting)
 		for _, r := range postroutingRules(cfg, fam, randomFully) {
 			fmt.Fprintf(&b, "-A %s %s\n", chainPostrouting, strings.Join(r, " "))
+		}
+		fmt.Fprintf(&b, "# %s filter %s\n", fam, chainFilter)
+		for _, r := range filterRules(fam) {
+			fmt.Fprintf(&b, "-A %s %s\n", chainFilter, strings.Join(r, " "))
 		}
 		for _, line := range pl.ruleLines(fam) {
 			b.WriteString(line)

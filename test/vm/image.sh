@@ -132,7 +132,7 @@ printf '127.0.0.1 localhost\n::1 localhost\n' >"$R/etc/hosts"
 
 mods="dummy veth nf_conntrack nf_nat sctp nft_numgen
 ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh ip_vs_dh
-ip_set ip_set_hash_net xt_set
+ip_set ip_set_hash_net ip_set_hash_ipport xt_set
 x_tables xt_mark xt_comment xt_ipvs xt_tcpudp xt_multiport xt_addrtype xt_conntrack xt_MASQUERADE xt_nat xt_sctp
 ip_tables iptable_nat iptable_filter iptable_mangle ipt_REJECT nf_reject_ipv4
 ip6_tables ip6table_nat ip6table_filter ip6table_mangle ip6t_REJECT nf_reject_ipv6
