@@ -18,8 +18,8 @@
 //   - Every cluster, external and load-balancer IP as a /32 (/128) on the
 //     dummy interface onehop-ipvs0, so the kernel delivers their packets
 //     locally, where IPVS takes them.
-//   - iptables, only in chains named ONEHOP-IPVS-*, plus one jump each from
-//     nat POSTROUTING and filter INPUT:
+//   - iptables, only in chains named ONEHOP-IPVS-*, plus jumps from nat
+//     POSTROUTING, filter INPUT (two) and filter OUTPUT:
 //     ONEHOP-IPVS-POSTROUTING decides masquerade for packets IPVS scheduled
 //     (xt_ipvs match) with the masquerade mark bit: set by default when
 //     ClusterCIDRs are known (or MasqueradeAll), cleared for sources inside the
@@ -32,7 +32,21 @@
 //     loadBalancerSourceRanges whose source is not in the Service's set:
 //     one rule per entry, `-m set ! --match-set ONEHOP-RANGES-<hash> src`,
 //     whatever the number of ranges. Filter INPUT runs before IPVS's
-//     LOCAL_IN hook, so dropped packets never reach IPVS.
+//     LOCAL_IN hook, so dropped packets never reach IPVS. The node's own
+//     connections never pass INPUT (IPVS takes them at LOCAL_OUT), so
+//     ONEHOP-IPVS-OUTPUT drops the ones IPVS scheduled to such an entry
+//     (`-m ipvs --vaddr`, filter OUTPUT runs after IPVS there) whose source
+//     is not in the set, unless one of the node's addresses is inside the
+//     ranges: then the node may connect, as with kube-proxy (kubernetes
+//     #119656). The set match keeps allowed clients' packets, which IPVS
+//     sends on through OUTPUT too.
+//   - The Service IP filter (filter.go): ONEHOP-IPVS-FILTER, from filter
+//     INPUT, rejects new connections to a Service IP at a port that is not
+//     one of its virtual servers (ipsets ONEHOP-IPVS-VIPS and
+//     ONEHOP-IPVS-PORTS, and their IPv6 twins), so that a listener of the
+//     node's (sshd, the kubelet) is not reachable through a cluster,
+//     external or load-balancer IP, from anywhere, the node included
+//     (kube-proxy's KUBE-IPVS-FILTER, kubernetes #72236).
 //   - One ipset (hash:net) per Service and family with source ranges,
 //     named ONEHOP-RANGES-<hash of the Service and family>, created,
 //     changed and destroyed over netfilter netlink (needs the ip_set,
@@ -63,6 +77,25 @@
 // so a failed sync can leave part of a change applied; the next sync is
 // then full and converges. A change of the node's NodePort addresses or the
 // first IPv6 Service makes a sync full.
+//
+// One Service's trouble is that Service's, never the node's. The
+// onehop.io/scheduler annotation names a scheduler; the first sync that
+// meets one asks the kernel for it once, with a throwaway firewall-mark
+// virtual server, and remembers the answer (a full sync asks again about
+// refused ones). A Service asking for one the kernel cannot load gets the
+// backend's scheduler and an InvalidScheduler event, before anything is
+// sent. A virtual server the kernel refuses all the same is left out, the
+// others are programmed, its Service gets a VirtualServerFailed event
+// (SyncStats.Problems, through the runner, once while it lasts; the
+// metric onehop_service_dataplane_problems_total counts them), and every
+// later sync tries it again. Errors that are the node's (netlink failing,
+// no memory) still fail the sync. A virtual server that exists already at
+// a Service's address, port and protocol without onehop knowing it
+// (kube-proxy's IPVS mode leaves them behind, see docs/migration.md; a lost
+// state file hides onehop's own NodePort ones) is adopted, as kube-proxy
+// does: updated to the Service's settings, its destinations kept when
+// wanted and drained otherwise. Virtual servers at other addresses and
+// ports are never touched.
 //
 // Graceful termination: a TCP or SCTP destination that leaves the endpoints
 // gets weight 0 (no new connections, established ones keep working) and is
@@ -135,14 +168,13 @@
 //
 // # Differences from the nft backend
 //
-//   - One scheduler for every Service (no per-Service scheduler until the
-//     Portal carries one).
 //   - Traffic from the node itself or from pods to an external entry of a
 //     Local-policy Service goes to the local endpoints only (the same
 //     virtual server serves everyone); the nft backend can short-circuit
 //     such traffic to all endpoints.
-//   - Every VIP is a local address of the node: a process listening on
-//     0.0.0.0 answers on cluster IPs at ports that are not Service ports.
+//   - Every VIP is a local address of the node; the Service IP filter
+//     rejects what is not a Service port (nft never delivers such packets
+//     locally).
 //   - No-endpoint and Local-without-local-endpoint traffic is rejected with
 //     ICMP port unreachable by IPVS (nft drops the latter).
 //   - iptables rule counts grow with Local-policy external entries,

@@ -15,7 +15,7 @@ import (
 
 // iptables wraps one family's iptables binary. onehop only ever changes the
 // chains it owns (ONEHOP-IPVS-*, ONEHOP-SR-*) and the jump rules to them from
-// nat POSTROUTING and filter INPUT.
+// nat POSTROUTING, filter INPUT and filter OUTPUT.
 type iptables struct {
 	t           *goipt.IPTables
 	cmd         string // iptables or ip6tables, for whole-table listings
@@ -40,7 +40,7 @@ func newIPTables(fam portal.Family) (*iptables, error) {
 
 // entryChains are the order-independent chains whose rules the plan lists.
 var entryChains = []struct{ table, chain string }{
-	{"nat", chainMasqExt}, {"nat", chainKeepSource}, {"nat", chainHairpin}, {"filter", chainInput},
+	{"nat", chainMasqExt}, {"nat", chainKeepSource}, {"nat", chainHairpin}, {"filter", chainInput}, {"filter", chainOutput},
 }
 
 // jumps lead from the built-in chains to onehop's; those marked filter only
@@ -52,6 +52,7 @@ var jumps = []struct {
 	{"nat", "POSTROUTING", chainPostrouting, false},
 	{"filter", "INPUT", chainInput, false},
 	{"filter", "INPUT", chainFilter, true},
+	{"filter", "OUTPUT", chainOutput, false},
 }
 
 func jumpSpec(to string) []string {

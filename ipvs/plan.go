@@ -80,6 +80,7 @@ const (
 	chainKeepSource  = "ONEHOP-IPVS-KEEP-SOURCE" // nat: Local-policy external entries keep the client address
 	chainHairpin     = "ONEHOP-IPVS-HAIRPIN"     // nat: an endpoint reaching itself through a Service
 	chainInput       = "ONEHOP-IPVS-INPUT"       // filter: source ranges
+	chainOutput      = "ONEHOP-IPVS-OUTPUT"      // filter: source ranges, for the node's own traffic
 	srChainPrefix    = "ONEHOP-SR-"              // filter: a chain per entry, from versions before the ipsets; removed
 	rangeSetPrefix   = "ONEHOP-RANGES-"          // ipset hash:net: a Service's source ranges in one family
 	jumpComment      = "onehop-ipvs"
@@ -457,8 +458,15 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 			// One set lookup per entry, whatever the number of ranges:
 			// packets from outside the Service's set are dropped.
 			set := pl.addRangeSet(p, pt)
-			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment,
-				[]string{"-m", "set", "!", "--match-set", set, "src", "-j", "DROP"})}, pt)
+			notInSet := []string{"-m", "set", "!", "--match-set", set, "src", "-j", "DROP"}
+			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, notInSet)}, pt)
+			if !anyInRanges(in.NodeAddrs, p.SourceRanges) {
+				// The node's own connections never pass INPUT: IPVS takes
+				// them at LOCAL_OUT, and OUTPUT sees them scheduled. The
+				// set match keeps the packets of allowed clients, which
+				// IPVS sends out through OUTPUT too.
+				pl.addPartRule(rule{fam, "filter", chainOutput, concat(ipvsMatch(p.Key.Protocol, e.addr, e.port), comment, notInSet)}, pt)
+			}
 		}
 	}
 	// Hairpin: an endpoint on this node reaching itself through the Service
@@ -471,6 +479,19 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		pfx := netip.PrefixFrom(a, a.BitLen()).String()
 		pl.addPartRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}}, pt)
 	}
+}
+
+// anyInRanges reports whether one of the node's addresses is inside one of
+// the source ranges: then the node may reach the Service (as kube-proxy).
+func anyInRanges(node []netip.Addr, ranges []netip.Prefix) bool {
+	for _, a := range node {
+		for _, r := range ranges {
+			if r.IsValid() && r.Masked().Contains(a.Unmap()) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hashing reports whether sched picks a destination by hashing the client
