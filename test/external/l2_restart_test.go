@@ -13,12 +13,15 @@ import (
 	"github.com/onehop/onehop/external/l2"
 )
 
+// announceRounds is how many times a new owner announces an IP.
+const announceRounds = 5
+
 // TestL2OneOwnerAfterRestart: the L2 provider as deploy/ ships it on two
 // nodes, a dual-stack Service with an address of each family, and a client
 // that asks who answers for both every 50 ms (broadcast ARP request,
 // neighbour solicitation). The agent of each address's owner is SIGKILLed
 // and the other node takes the address over once the owner's Lease
-// expires; then the killed agent starts again, its Lease renews, and it
+// expires, announcing it in a burst; then the killed agent starts again, its Lease renews, and it
 // takes its addresses back. From then on one node alone may answer: the
 // survivor must stop within a handover, never answer beside the owner
 // afterwards, and no request may get two answers at any other moment of
@@ -104,6 +107,24 @@ func TestL2OneOwnerAfterRestart(t *testing.T) {
 				t.Fatalf("%s's agent killed: %s not taken over by %s (%s): %v", x, ip, y, mac[y], probe.tail(ip, 5))
 			}
 			t.Logf("%s's agent SIGKILLed: %s answered by %s alone after %v (Lease 1.5 s)", x, ip, y, at.Sub(tKill).Round(time.Millisecond))
+			// The new owner announces itself in a burst of 5 rounds,
+			// each in both ARP forms (or as an unsolicited advertisement).
+			want := map[string]int{"request": announceRounds, "reply": announceRounds}
+			if netip4(ip).Is6() {
+				want = map[string]int{"na": announceRounds}
+			}
+			var got map[string]int
+			if _, ok := waitFor(t.Context(), 15*time.Second, func() bool {
+				got = probe.announcements(ip, mac[y], tKill)
+				for form, n := range want {
+					if got[form] < n {
+						return false
+					}
+				}
+				return true
+			}); !ok {
+				t.Errorf("%s took %s over with the announcements %v, want at least %v", y, ip, got, want)
+			}
 		}
 
 		tStart := time.Now()
@@ -124,12 +145,13 @@ func TestL2OneOwnerAfterRestart(t *testing.T) {
 			t.Logf("%s's agent started again: %s answered by it after %v, by it alone after %v (%d requests answered twice in between)",
 				x, ip, back.at.Sub(tStart).Round(time.Millisecond), single.Sub(tStart).Round(time.Millisecond), len(probe.doubles(ip, back.at, single)))
 		}
-		// Past the handover, one owner, for many rounds.
+		// Past the handover, one owner, for many rounds (a round the
+		// owner's answer missed, on a busy machine, says nothing).
 		steady := time.Now()
 		time.Sleep(3 * time.Second)
 		for _, ip := range mine {
 			for _, r := range probe.since(ip, steady) {
-				if !slices.Equal(r.macs, []string{mac[x]}) {
+				if slices.ContainsFunc(r.macs, func(m string) bool { return m != mac[x] }) {
 					t.Fatalf("after the handover of %s back to %s (%s): %v", ip, x, mac[x], r)
 				}
 			}

@@ -35,8 +35,10 @@ type l2Prober struct {
 	// open are the answers to each address's request in flight.
 	open    map[netip.Addr]map[string]bool
 	answers []l2Answers
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// announced are the gratuitous announcements heard.
+	announced []l2Announcement
+	done      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // l2Answers is one request and the link-layer addresses that answered it,
@@ -45,6 +47,16 @@ type l2Answers struct {
 	at   time.Time
 	ip   netip.Addr
 	macs []string
+}
+
+// l2Announcement is one gratuitous announcement heard: an ARP request or
+// reply whose sender and target are the IP, or an unsolicited neighbour
+// advertisement.
+type l2Announcement struct {
+	at   time.Time
+	ip   netip.Addr
+	mac  string
+	form string // "request", "reply", "na"
 }
 
 func (a l2Answers) String() string {
@@ -109,6 +121,28 @@ func (p *l2Prober) heard(ip netip.Addr, mac net.HardwareAddr) {
 	}
 }
 
+// announcement notes a gratuitous announcement of ip by mac.
+func (p *l2Prober) announcement(ip netip.Addr, mac net.HardwareAddr, form string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.announced = append(p.announced, l2Announcement{at: time.Now(), ip: ip.Unmap(), mac: mac.String(), form: form})
+}
+
+// announcements counts, per form, the gratuitous announcements of ip by
+// mac heard since t0.
+func (p *l2Prober) announcements(ip, mac string, t0 time.Time) map[string]int {
+	a := netip.MustParseAddr(ip)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for _, g := range p.announced {
+		if g.ip == a && g.mac == mac && !g.at.Before(t0) {
+			out[g.form]++
+		}
+	}
+	return out
+}
+
 func (p *l2Prober) readARP() {
 	defer p.wg.Done()
 	for {
@@ -119,7 +153,12 @@ func (p *l2Prober) readARP() {
 			}
 			continue
 		}
-		if a.Operation == arp.OperationReply && !slices.Equal(a.SenderHardwareAddr, p.mac) {
+		if slices.Equal(a.SenderHardwareAddr, p.mac) {
+			continue
+		}
+		if a.SenderIP == a.TargetIP {
+			p.announcement(a.SenderIP, a.SenderHardwareAddr, map[arp.Operation]string{arp.OperationRequest: "request", arp.OperationReply: "reply"}[a.Operation])
+		} else if a.Operation == arp.OperationReply {
 			p.heard(a.SenderIP, a.SenderHardwareAddr)
 		}
 	}
@@ -141,7 +180,11 @@ func (p *l2Prober) readNDP() {
 		}
 		for _, o := range na.Options {
 			if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target {
-				p.heard(na.TargetAddress, lla.Addr)
+				if na.Solicited {
+					p.heard(na.TargetAddress, lla.Addr)
+				} else {
+					p.announcement(na.TargetAddress, lla.Addr, "na")
+				}
 			}
 		}
 	}
