@@ -34,6 +34,7 @@ type Backend struct {
 	affSets  map[string]uint32         // affinity maps in the table -> their timeout (s)
 	npIPs    []netip.Addr
 	podIPs   []portal.PodExternalIP
+	svcCIDRs []netip.Prefix // in the service-cidrs sets (portal.UnionCIDRs)
 	// ids number the chains that pick from the endpoint maps: an endpoint
 	// element's key is chain id . index.
 	ids      map[string]uint32
@@ -86,7 +87,7 @@ func (b *Backend) reset() {
 	b.owners = map[string]portal.PortKey{}
 	b.refs = map[string]int{}
 	b.affSets = map[string]uint32{}
-	b.npIPs, b.podIPs = nil, nil
+	b.npIPs, b.podIPs, b.svcCIDRs = nil, nil, nil
 	b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	b.chains, b.elements = 0, 0
 }
@@ -180,6 +181,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	}
 	t.nodePortIPs(snap.Node.NodePortAddrs)
 	t.podExternalIPs(snap.Node.PodExternalIPs)
+	t.serviceCIDRs(snap.ServiceCIDRs)
 	stats, err := t.commit()
 	stats.Full, stats.ReadBack = full, readBack
 	stats.Services = len(keys)

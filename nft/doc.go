@@ -130,7 +130,7 @@
 //	    ip daddr . meta l4proto . th dport vmap @noep4                                  (goto reject, or goto drop)
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @noep-nodeports4
 //	    ip daddr @cluster-ips4 goto reject                                              (undefined port of a cluster IP)
-//	    ip daddr <service CIDR> counter drop                                            (unallocated cluster IP)
+//	    ip daddr @service-cidrs4 counter drop                                           (unallocated cluster IP)
 //	chain reject
 //	    meta l4proto tcp reject with tcp reset
 //	    reject                                                                          (ICMP port unreachable)
@@ -139,7 +139,10 @@
 //
 // @noep4 and @noep-nodeports4 hold the ways into Service ports without
 // endpoints (goto reject), or with endpoints on other nodes only under a
-// Local policy (goto drop).
+// Local policy (goto drop). @service-cidrs4 (flags interval) holds the
+// ranges cluster IPs come from: the ServiceCIDR objects' and
+// --service-cidr's; a range added or removed changes its elements, never
+// a rule (servicecidrs.go).
 //
 // Source NAT, after routing:
 //

@@ -36,6 +36,7 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setFirewallNP(f), IsMap: true, Concatenation: true, KeyType: ppType, DataType: nftables.TypeVerdict},
 			&nftables.Set{Table: t, Name: setNodePortIPs(f), KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)},
+			&nftables.Set{Table: t, Name: setServiceCIDRs(f), Interval: true, KeyType: addrType(f)},
 			&nftables.Set{Table: t, Name: setPodDNAT(f), IsMap: true, KeyType: addrType(f), DataType: addrType(f)},
 			&nftables.Set{Table: t, Name: setPodSNAT(f), IsMap: true, KeyType: addrType(f), DataType: addrType(f)},
 			&nftables.Set{Table: t, Name: setExtMarks(f), Concatenation: true, KeyType: vipType},
@@ -108,16 +109,12 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 	}
 	for _, f := range families {
 		// Not DNATed and not in the no-endpoints maps: an undefined port of
-		// a cluster IP (reject), or an unallocated cluster IP (drop).
-		if !hasFamily(cfg.ServiceCIDRs, f) {
-			continue
-		}
-		check = append(check, cat(matchFamily(f), []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false), verdict(expr.VerdictGoto, chainReject)}))
-		for _, p := range cfg.ServiceCIDRs {
-			if portal.FamilyOf(p.Addr()) == f {
-				check = append(check, cat(matchFamily(f), matchPrefix(f, true, p, expr.CmpOpEq), []expr.Any{counter(), verdict(expr.VerdictDrop, "")}))
-			}
-		}
+		// a cluster IP (reject), or an unallocated address of a Service
+		// CIDR (drop; the set's elements follow the ServiceCIDR objects,
+		// see servicecidrs.go).
+		check = append(check,
+			cat(matchFamily(f), []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false), verdict(expr.VerdictGoto, chainReject)}),
+			cat(matchFamily(f), []expr.Any{loadAddr(f, true, reg1), lookup(setServiceCIDRs(f), false), counter(), verdict(expr.VerdictDrop, "")}))
 	}
 	r[chainServices] = services
 	r[chainNoEndpoints] = check

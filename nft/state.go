@@ -137,8 +137,17 @@ func (b *Backend) formatCfgKey() string {
 	return fmt.Sprintf("%v|%v|%v|%d|%v", b.cfg.ClusterCIDRs, b.cfg.ServiceCIDRs, b.cfg.MasqueradeAll, b.cfg.MasqueradeMark(), b.cfg.SourceRangesOnNodePorts)
 }
 
-// fixedTag is the tag of the rules of the fixed chains.
-func (b *Backend) fixedTag(chain string) []byte { return ruleTag(0, chain+"|"+b.cfgKey()) }
+// fixedTag is the tag of the rules of the fixed chains. A fixed chain
+// whose rules a version lays out anew, for the same configuration, adds a
+// marker, so that the first sync after the upgrade rewrites it.
+func (b *Backend) fixedTag(chain string) []byte {
+	if chain == chainNoEndpoints {
+		// Unallocated cluster IPs are matched by @service-cidrs<f>, no
+		// longer by prefixes in the rules.
+		return ruleTag(0, chain+"|"+b.cfgKey()+"|service-cidrs set")
+	}
+	return ruleTag(0, chain+"|"+b.cfgKey())
+}
 
 // kernelState is what a full sync needs to know of the table the kernel
 // holds.
@@ -233,7 +242,7 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 // without endpoints share a verdict, goto reject). The library returns a
 // verdict map's data undecoded, in Val.
 func elemEqual(want, have nftables.SetElement) bool {
-	if !bytes.Equal(want.Key, have.Key) || want.Comment != have.Comment {
+	if !bytes.Equal(want.Key, have.Key) || want.Comment != have.Comment || want.IntervalEnd != have.IntervalEnd {
 		return false
 	}
 	if want.VerdictData == nil {

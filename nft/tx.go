@@ -39,6 +39,10 @@ type tx struct {
 	npChanged bool
 	podIPs    []portal.PodExternalIP
 	podIPsSet bool
+	// svcCIDRs are the ranges of the service-cidrs sets after this sync,
+	// when svcCIDRsSet.
+	svcCIDRs    []netip.Prefix
+	svcCIDRsSet bool
 
 	newChains []string
 	bodies    map[string]chainBody
@@ -877,7 +881,8 @@ func (t *tx) reconcileKernel() {
 				nKept++
 				continue
 			}
-			t.delElems[s.Name] = append(t.delElems[s.Name], nftables.SetElement{Key: have[i].Key})
+			// The end flag names an interval set's end element.
+			t.delElems[s.Name] = append(t.delElems[s.Name], nftables.SetElement{Key: have[i].Key, IntervalEnd: have[i].IntervalEnd})
 		}
 		if nKept == 0 {
 			continue
@@ -961,6 +966,9 @@ func (t *tx) adopt() {
 	}
 	if t.podIPsSet {
 		b.podIPs = t.podIPs
+	}
+	if t.svcCIDRsSet {
+		b.svcCIDRs = t.svcCIDRs
 	}
 	for _, o := range t.delAff {
 		delete(b.affSets, o[0])

@@ -35,6 +35,12 @@ type Informers struct {
 	// starts and selects from (the label selection applied here instead
 	// of by the API server). Otherwise the Source watches its own part.
 	Watch *ServiceWatch
+	// ServiceCIDRs, when set, watches ServiceCIDR objects into the
+	// Tracker (see servicecidrs.go): what a node agent needs, which the
+	// controller's model of problems does not.
+	ServiceCIDRs bool
+	// Log tells when the API server has no ServiceCIDR API; nil: discarded.
+	Log *slog.Logger
 }
 
 // serviceSelector selects the Services a proxy named name serves, as
@@ -105,6 +111,10 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 	if err != nil {
 		return nil, err
 	}
+	cidrsSynced, err := s.startServiceCIDRs(ctx, t)
+	if err != nil {
+		return nil, err
+	}
 	if s.Watch != nil {
 		s.Watch.Start(ctx)
 	}
@@ -112,7 +122,9 @@ func (s *Informers) Start(ctx context.Context, t *Tracker) (func() bool, error) 
 		f.Start(ctx.Done())
 	}
 	nf.Start(ctx.Done())
-	return func() bool { return svcReg.HasSynced() && epsReg.HasSynced() && nodeReg.HasSynced() }, nil
+	return func() bool {
+		return svcReg.HasSynced() && epsReg.HasSynced() && nodeReg.HasSynced() && cidrsSynced()
+	}, nil
 }
 
 // selectedFactory is an informer factory whose every list and watch asks

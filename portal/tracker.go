@@ -46,6 +46,10 @@ type Tracker struct {
 	// refusedExt are the external IPs held by someone else, per Service
 	// (SetRefusedExternalIPs).
 	refusedExt map[ServiceKey][]netip.Addr
+	// cidrObjects are the spec.cidrs of each ServiceCIDR object, by name;
+	// serviceCIDRs their union with cfg.ServiceCIDRs (UnionCIDRs).
+	cidrObjects  map[string][]netip.Prefix
+	serviceCIDRs []netip.Prefix
 }
 
 // problemKey identifies a problem for reporting it once.
@@ -65,6 +69,9 @@ func NewTracker(cfg Config, reporter Reporter, notify func()) *Tracker {
 		claims:   newClaims(),
 		dirty:    map[ServiceKey]struct{}{},
 		reported: map[ServiceKey]map[problemKey]bool{},
+
+		cidrObjects:  map[string][]netip.Prefix{},
+		serviceCIDRs: UnionCIDRs(cfg.ServiceCIDRs),
 	}
 }
 
@@ -238,6 +245,9 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 	snap := &Snapshot{
 		Node:     Node{Name: t.cfg.NodeName, NodePortAddrs: t.nodeAddrs, PodExternalIPs: t.podIPs},
 		Services: t.built,
+		// Replaced, never changed, when the ranges change: the
+		// dataplane may keep it.
+		ServiceCIDRs: t.serviceCIDRs,
 	}
 	type report struct {
 		svc      *v1.Service

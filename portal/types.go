@@ -214,4 +214,8 @@ type Snapshot struct {
 	// (added, changed or deleted). A dataplane that applied the previous
 	// snapshot only needs to look at these.
 	Dirty []ServiceKey
+	// ServiceCIDRs are the ranges cluster IPs come from (every
+	// ServiceCIDR object's and the configured ones, see UnionCIDRs):
+	// sorted, masked, none inside another. Nil when none is known.
+	ServiceCIDRs []netip.Prefix
 }

@@ -84,7 +84,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.master, "master", "", "the Kubernetes API server address (overrides the kubeconfig)")
 	fs.StringVar(&f.hostname, "hostname-override", "", "this node's name, when it is not the hostname")
 	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "", "comma-separated pod CIDRs; traffic to cluster IPs from outside them is masqueraded")
-	fs.StringVar(&f.serviceCIDR, "service-cidr", "", "comma-separated service CIDRs; endpoints inside them are refused")
+	fs.StringVar(&f.serviceCIDR, "service-cidr", "", "comma-separated service CIDRs, added to those of the ServiceCIDR objects: "+
+		"new connections to an unallocated address inside them are dropped, and endpoints inside them are refused")
 	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "comma-separated CIDRs: NodePorts are served on the node's interface addresses inside them (0.0.0.0/0, ::/0: all of the family); default \"primary\": the node's primary IPs from its Node object")
 	fs.StringVar(&f.externalIPCIDRs, "external-ip-cidrs", "", "comma-separated CIDRs where spec.externalIPs are allowed (default none: externalIPs are ignored, see CVE-2020-8554)")
 	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between syncs that change the kernel; bursts of changes are batched. "+
@@ -605,7 +606,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() { <-done }() // withdraw announcements before exiting
 	}
 
-	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName, Watch: watch}
+	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.serviceProxyName, Watch: watch,
+		ServiceCIDRs: true, Log: log}
 	informersSynced, err := src.Start(ctx, tracker)
 	if err != nil {
 		return err
