@@ -51,12 +51,14 @@ func (c *Cluster) AgentArgs(n *Node) []string {
 		"--kubeconfig", n.kubeconfig,
 		"--hostname-override", n.Name,
 		"--cluster-cidr", ClusterCIDR + "," + ClusterCIDR6,
-		"--service-cidr", cluster.DefaultServiceCIDRs,
 		"--nodeport-addresses", NodeCIDR + "," + NodeCIDR6,
 		"--external-ip-cidrs", ExternalCIDR + "," + ExternalCIDR6,
 		"--healthz-bind-address", "0.0.0.0:" + strconv.Itoa(HealthzPort),
 		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(MetricsPort),
 		"--min-sync-period", "0s",
+	}
+	if !c.cfg.NoServiceCIDRFlag {
+		args = append(args, "--service-cidr", cluster.DefaultServiceCIDRs)
 	}
 	return append(args, c.cfg.AgentArgs...)
 }

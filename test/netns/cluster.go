@@ -26,6 +26,10 @@ type Config struct {
 	Agent string
 	// AgentArgs are appended to every agent's `run` flags.
 	AgentArgs []string
+	// NoServiceCIDRFlag runs the agents without --service-cidr, as
+	// deploy/base does: the ranges then come from the API server's
+	// ServiceCIDR objects only.
+	NoServiceCIDRFlag bool
 	// AdminAgents runs the agents with the admin kubeconfig. By default
 	// each agent has the identity deploy/ gives it: the node agents'
 	// service account, with a token bound to a pod on its node, under
