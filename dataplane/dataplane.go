@@ -62,9 +62,11 @@ type Config struct {
 	// ClusterCIDRs are the pod networks; traffic to a cluster IP from
 	// outside them is masqueraded. Empty means: never (unless MasqueradeAll).
 	ClusterCIDRs []netip.Prefix
-	// ServiceCIDRs are the cluster-IP ranges: traffic to an unallocated
-	// address in them is dropped, and to an undefined port of an allocated
-	// cluster IP rejected. Empty: no such checks.
+	// ServiceCIDRs are cluster-IP ranges configured on the node
+	// (--service-cidr). A backend adds them to the snapshot's
+	// (portal.Snapshot.ServiceCIDRs, from the ServiceCIDR objects): new
+	// connections to an address of either that no Service holds are
+	// dropped (nft).
 	ServiceCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all traffic to Services.
 	MasqueradeAll bool
