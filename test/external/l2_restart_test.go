@@ -28,47 +28,10 @@ const announceRounds = 5
 // the test. The times measured (kill -> takeover, restart -> one owner)
 // are logged.
 func TestL2OneOwnerAfterRestart(t *testing.T) {
-	lab := newL2Lab(t)
-	cp, c := lab.twoNodeCluster("sw")
-	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
-		L2:    &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
-	})
-	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
-	sp.runController(cfg, "onehop-controller-0", "")
-	agents := map[string]*exec.Cmd{}
-	for _, n := range []string{"node1", "node2"} {
-		agents[n] = sp.startNodeAgent(lab, n, cfg)
-	}
-	createLB(t, c, "web", 80, func(s *corev1.Service) {
-		s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicyRequireDualStack)
-		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
-	})
-	if ips := lbIPs(t, c, "web", "allocation", func(ips []string) bool { return len(ips) == 2 }); !slices.Contains(ips, vip) || !slices.Contains(ips, vip6) {
-		t.Fatalf("web got %v, want %s and %s", ips, vip, vip6)
-	}
-	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
-	putSlice(t, c, "web", "web-6", discoveryv1.AddressTypeIPv6, map[string]string{"node1": "fd00:244:1::2", "node2": "fd00:244:2::2"})
-
-	mac := map[string]string{"node1": lab.mac("node1", "eth0"), "node2": lab.mac("node2", "eth0")}
+	d := startDualStackL2(t)
+	lab, sp, cfg, agents, mac, owners, probe, settled := d.lab, d.sp, d.cfg, d.agents, d.mac, d.owners, d.probe, d.settled
 	other := map[string]string{"node1": "node2", "node2": "node1"}
 	pod := map[string]string{"node1": "pod1", "node2": "pod2"}
-	owners := map[string]string{}
-	for _, ip := range []string{vip, vip6} {
-		owners[ip] = l2.Owner(netip4(ip), []string{"node1", "node2"})
-	}
-	probe := lab.startL2Prober("client", "eth0", vip, vip6)
-	// Starting agents may each claim an address until they have seen the
-	// other's Lease: the test judges from a settled state on.
-	settled := time.Now()
-	for ip, owner := range owners {
-		if at, ok := probe.waitAnswers(ip, settled, 30*time.Second, mac[owner]); !ok {
-			t.Fatalf("%s never settled on its owner %s (%s): %v", ip, owner, mac[owner], probe.tail(ip, 5))
-		} else if at.After(settled) {
-			settled = at
-		}
-	}
 	hostPort := map[string]string{vip: vip + ":80", vip6: "[" + vip6 + "]:80"}
 	for ip, owner := range owners {
 		if got, err := lab.get("client", hostPort[ip]); err != nil || got != pod[owner] {
@@ -171,4 +134,100 @@ func TestL2OneOwnerAfterRestart(t *testing.T) {
 			t.Errorf("at the end client -> %s: %q, %v; want %s", hostPort[ip], got, err, pod[owner])
 		}
 	}
+}
+
+// dualStackL2 is the L2 provider as deploy/ ships it on node1 and node2,
+// serving a dual-stack Service "web" (vip, vip6), with a client asking
+// who answers for both every 50 ms since settled, when each address was
+// answered by its owner alone.
+type dualStackL2 struct {
+	lab     *topo
+	sp      *split
+	cfg     external.Config
+	agents  map[string]*exec.Cmd
+	mac     map[string]string // node -> its eth0's link-layer address
+	owners  map[string]string // address -> l2.Owner over both nodes
+	probe   *l2Prober
+	settled time.Time
+}
+
+func startDualStackL2(t *testing.T) *dualStackL2 {
+	t.Helper()
+	lab := newL2Lab(t)
+	cp, c := lab.twoNodeCluster("sw")
+	sp := newSplit(t, cp)
+	cfg := sp.config(external.Config{
+		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
+		L2:    &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
+	})
+	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
+	sp.runController(cfg, "onehop-controller-0", "")
+	d := &dualStackL2{lab: lab, sp: sp, cfg: cfg, agents: map[string]*exec.Cmd{}, owners: map[string]string{},
+		mac: map[string]string{"node1": lab.mac("node1", "eth0"), "node2": lab.mac("node2", "eth0")}}
+	for _, n := range []string{"node1", "node2"} {
+		d.agents[n] = sp.startNodeAgent(lab, n, cfg)
+	}
+	createLB(t, c, "web", 80, func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicyRequireDualStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	})
+	if ips := lbIPs(t, c, "web", "allocation", func(ips []string) bool { return len(ips) == 2 }); !slices.Contains(ips, vip) || !slices.Contains(ips, vip6) {
+		t.Fatalf("web got %v, want %s and %s", ips, vip, vip6)
+	}
+	setEndpoints(t, c, "web", map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"})
+	putSlice(t, c, "web", "web-6", discoveryv1.AddressTypeIPv6, map[string]string{"node1": "fd00:244:1::2", "node2": "fd00:244:2::2"})
+	for _, ip := range []string{vip, vip6} {
+		d.owners[ip] = l2.Owner(netip4(ip), []string{"node1", "node2"})
+	}
+	d.probe = lab.startL2Prober("client", "eth0", vip, vip6)
+	// Starting agents may each claim an address until they have seen the
+	// other's Lease: the test judges from a settled state on.
+	d.settled = time.Now()
+	for ip, owner := range d.owners {
+		if at, ok := d.probe.waitAnswers(ip, d.settled, 30*time.Second, d.mac[owner]); !ok {
+			t.Fatalf("%s never settled on its owner %s (%s): %v", ip, owner, d.mac[owner], d.probe.tail(ip, 5))
+		} else if at.After(d.settled) {
+			d.settled = at
+		}
+	}
+	return d
+}
+
+// TestL2FlappingOwner: the agent of vip's owner is SIGKILLed and started
+// again over and over, every half and every twice the Lease duration (the
+// detection time), while a client asks who answers for both addresses
+// every 50 ms. A request may be answered twice only during a handover:
+// within a Lease duration of the agent's start. At the end the owner
+// answers alone.
+func TestL2FlappingOwner(t *testing.T) {
+	d := startDualStackL2(t)
+	const lease = 1500 * time.Millisecond
+	x := d.owners[vip]
+	var starts []time.Time
+	cycles := 0
+	for _, every := range []time.Duration{lease / 2, 2 * lease} {
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); cycles++ {
+			_ = d.agents[x].Process.Kill()
+			time.Sleep(every)
+			starts = append(starts, time.Now())
+			d.agents[x] = d.sp.startNodeAgent(d.lab, x, d.cfg)
+			time.Sleep(every)
+		}
+	}
+	for ip, owner := range d.owners {
+		if _, ok := d.probe.waitAnswers(ip, starts[len(starts)-1], 20*time.Second, d.mac[owner]); !ok {
+			t.Fatalf("after %d restarts of %s's agent %s is not answered by its owner %s alone: %v", cycles, x, ip, owner, d.probe.tail(ip, 5))
+		}
+	}
+	doubles := 0
+	for _, ip := range []string{vip, vip6} {
+		for _, r := range d.probe.doubles(ip, d.settled, time.Now()) {
+			doubles++
+			if !slices.ContainsFunc(starts, func(s time.Time) bool { return !r.at.Before(s) && r.at.Before(s.Add(lease)) }) {
+				t.Errorf("two nodes answered one request outside a handover: %v", r)
+			}
+		}
+	}
+	t.Logf("%d kills and restarts of %s's agent; %d rounds for each address; %d of them answered twice, each within a Lease duration of a restart",
+		cycles, x, len(d.probe.since(vip, d.settled)), doubles)
 }
