@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -143,4 +144,69 @@ func prefixesOf(s ...string) []netip.Prefix {
 		out = append(out, netip.MustParsePrefix(p))
 	}
 	return out
+}
+
+// TestUpgradeRewritesTheCheckChain: a table left by a version that
+// matched the configured Service CIDRs by prefix in the noep-check chain
+// (the same configuration, so the same number of rules) gets the rules
+// that look the set up, so that ranges learned at run time are dropped.
+func TestUpgradeRewritesTheCheckChain(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 2)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.ClusterEndpoints = eps(8080, 1)
+	})
+	tp.sync(t, snapshot(web), true)
+
+	// The previous layout: the prefixes inline, and the tag without a marker.
+	c, err := nftables.New(nftables.WithNetNSFd(tp.node.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseLasting()
+	ch := &nftables.Chain{Name: chainNoEndpoints, Table: tp.b.table}
+	oldTag := ruleTag(0, chainNoEndpoints+"|"+tp.b.cfgKey())
+	c.FlushChain(ch)
+	for _, r := range fixedRules(tp.b.cfg)[chainNoEndpoints] {
+		if l, ok := r[len(r)-3].(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "service-cidrs") {
+			f := portal.IPv4
+			if l.SetName == setServiceCIDRs(portal.IPv6) {
+				f = portal.IPv6
+			}
+			for _, p := range tp.b.cfg.ServiceCIDRs {
+				if portal.FamilyOf(p.Addr()) == f {
+					r = cat(matchFamily(f), matchPrefix(f, true, p, expr.CmpOpEq), []expr.Any{counter(), verdict(expr.VerdictDrop, "")})
+				}
+			}
+		}
+		c.AddRule(&nftables.Rule{Table: tp.b.table, Chain: ch, Exprs: r, UserData: oldTag})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	tp.b = New(tp.b.cfg, WithNetNS(tp.node.FD()))
+	s := snapshot(web)
+	s.ServiceCIDRs = prefixesOf("10.97.1.0/24")
+	tp.sync(t, s, true)
+	rules, err := c.GetRules(tp.b.table, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	looked := map[string]bool{}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if l, ok := e.(*expr.Lookup); ok {
+				looked[l.SetName] = true
+			}
+		}
+	}
+	for _, f := range families {
+		if !looked[setServiceCIDRs(f)] {
+			t.Errorf("after the upgrade no rule of %s looks up @%s", chainNoEndpoints, setServiceCIDRs(f))
+		}
+	}
+	mustDrop(t, tp.pods[0], "tcp", "10.97.1.7:80")
+	mustRefuse(t, tp.pods[0], "tcp", "10.96.0.10:81")
 }
