@@ -5,8 +5,10 @@
 #   controlplane (default)  kube-apiserver, etcd, kubectl
 #   node                    and kubelet, kube-controller-manager,
 #                           kube-scheduler, kube-proxy, agnhost (test/node)
-#   conformance             and e2e.test ([sig-network] Services, make conformance)
-#                           and coredns (test/tools/coredns, the cluster DNS)
+#   conformance             and e2e.test (upstream's Services tests), the ginkgo
+#                           CLI that runs it in parallel, regression-issue-74839
+#                           (a test image's server) and coredns
+#                           (test/tools/coredns, the cluster DNS)
 #
 # The build happens once per machine: binaries land in
 #   ${ONEHOP_CACHE:-/var/cache/onehop}/bin-<hash>
@@ -47,7 +49,7 @@ binaries=(kube-apiserver etcd kubectl)
 case "${want}" in
 controlplane) ;;
 node) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost) ;;
-conformance) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost e2e.test coredns) ;;
+conformance) binaries+=(kubelet kube-controller-manager kube-scheduler kube-proxy agnhost e2e.test ginkgo regression-issue-74839 coredns) ;;
 *)
 	echo "controlplane.sh: unknown set ${want} (controlplane, node, conformance)" >&2
 	exit 2
@@ -85,6 +87,8 @@ build() { # build <binary>: into ${tmp}, then moved in place
 	case "${b}" in
 	etcd) go build -trimpath -ldflags="-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3 ;;
 	agnhost) go build -trimpath -ldflags="-s -w" -o "${tmp}/agnhost" k8s.io/kubernetes/test/images/agnhost ;;
+	regression-issue-74839) go build -trimpath -ldflags="-s -w" -o "${tmp}/${b}" "k8s.io/kubernetes/test/images/${b}" ;;
+	ginkgo) go build -trimpath -ldflags="-s -w" -o "${tmp}/ginkgo" github.com/onsi/ginkgo/v2/ginkgo ;;
 	coredns) (cd coredns && go build -trimpath -ldflags="-s -w" -o "${tmp}/coredns" .) ;;
 	e2e.test) go test -c -trimpath -ldflags="${ldflags}" -o "${tmp}/e2e.test" k8s.io/kubernetes/test/e2e ;;
 	*) go build -trimpath -ldflags="${ldflags}" -o "${tmp}/${b}" "k8s.io/kubernetes/cmd/${b}" ;;

@@ -361,10 +361,11 @@ nodeStatusUpdateFrequency: 4s
 `
 }
 
-// ConformanceBinaries is Binaries with e2e.test and coredns
-// (hack/controlplane.sh conformance).
+// ConformanceBinaries is Binaries with e2e.test, the ginkgo CLI that runs
+// it in parallel, a test image's server and coredns (hack/controlplane.sh
+// conformance).
 func ConformanceBinaries(ctx context.Context) (string, error) {
-	return binaries(ctx, "conformance", "kubelet", "kube-controller-manager", "kube-scheduler", "agnhost", "kube-proxy", "e2e.test", "coredns")
+	return binaries(ctx, "conformance", "kubelet", "kube-controller-manager", "kube-scheduler", "agnhost", "kube-proxy", "e2e.test", "ginkgo", "regression-issue-74839", "coredns")
 }
 
 // KubectlUntil runs kubectl until ok accepts its output, at most attempts
