@@ -39,10 +39,10 @@ fuzz:
 		$(GO) test -tags $(GOTAGS) -run '^$$' -fuzz "^$${t##*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $${t%%:*}; \
 	done
 
-# Upstream Kubernetes's e2e `[sig-network] Services` (every test this
-# machine can run; `make test` runs the [Conformance] ones) on two real
-# kubelets with onehop's shipped DaemonSet (root; test/node).
-# CONFORMANCE_PROXY=kube-proxy runs them with kube-proxy, for comparison.
+# Upstream Kubernetes's e2e tests of Services and the proxy (every one this
+# machine can run, as `make test` runs them) on two real kubelets with
+# onehop's shipped DaemonSet (root; test/node). CONFORMANCE_PROXY=kube-proxy
+# runs them with kube-proxy, for comparison.
 CONFORMANCE_PROXY ?= onehop
 conformance:
 	@hack/ci-deps.sh
