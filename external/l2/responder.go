@@ -374,6 +374,7 @@ func (r *Responder) Set(ips []netip.Addr) {
 	for ip := range r.owned {
 		if !want[ip] {
 			lost = append(lost, ip)
+			delete(r.lastConflict, ip)
 		}
 	}
 	r.owned = want
@@ -458,19 +459,22 @@ func (r *Responder) LinkAddrs() []net.HardwareAddr {
 // this responder's.
 func (r *Responder) heard(s *sockets, ip netip.Addr, mac net.HardwareAddr) {
 	ip = ip.Unmap()
-	if !ip.IsValid() || ip.IsUnspecified() || len(mac) == 0 {
+	r.mu.Lock()
+	_, probing := r.probing[ip]
+	owned := r.owned[ip]
+	r.mu.Unlock()
+	// Most ARP packets on a segment are about other hosts' addresses.
+	if !probing && !owned || len(mac) == 0 ||
+		slices.ContainsFunc(r.LinkAddrs(), func(m net.HardwareAddr) bool { return bytes.Equal(m, mac) }) {
 		return
 	}
-	if slices.ContainsFunc(r.LinkAddrs(), func(m net.HardwareAddr) bool { return bytes.Equal(m, mac) }) {
-		return
-	}
-	if r.answered(ip, mac) || !r.owns(ip) {
+	if r.answered(ip, mac) {
 		return
 	}
 	now := time.Now()
 	r.mu.Lock()
 	f := r.onConflict
-	report := now.Sub(r.lastConflict[ip]) >= conflictEvery
+	report := r.owned[ip] && now.Sub(r.lastConflict[ip]) >= conflictEvery
 	if report {
 		r.lastConflict[ip] = now
 	}

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,22 +33,55 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// responderMain answers for ips on iface until stdin closes.
+// responderMain answers for ips on iface until stdin closes or says
+// "stop". Meanwhile "set ip,..." makes it answer for those, and
+// "probe ip,..." probes for them and prints "probed ip=mac ...". A
+// conflict is printed as "conflict ip mac" when it happens.
 func responderMain(iface, ips string) int {
 	r, err := NewResponder([]string{iface}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		fmt.Println("err", err)
 		return 2
 	}
-	var owned []netip.Addr
-	for _, s := range strings.Split(ips, ",") {
-		owned = append(owned, netip.MustParseAddr(s))
+	defer r.Close()
+	var mu sync.Mutex // one line at a time on stdout
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf(format+"\n", args...)
 	}
-	r.Set(owned)
-	fmt.Println("ok")
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
-	r.Close()
+	r.OnConflict(func(ip netip.Addr, from net.HardwareAddr) { say("conflict %s %s", ip, from) })
+	r.Set(parseAddrs(ips))
+	say("ok")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		switch cmd {
+		case "set":
+			r.Set(parseAddrs(arg))
+			say("ok")
+		case "probe":
+			var out []string
+			for ip, mac := range r.Probe(parseAddrs(arg), 500*time.Millisecond) {
+				out = append(out, ip.String()+"="+mac.String())
+			}
+			slices.Sort(out)
+			say("probed %s", strings.Join(out, " "))
+		case "stop":
+			return 0
+		}
+	}
 	return 0
+}
+
+func parseAddrs(s string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range strings.Split(s, ",") {
+		if a != "" {
+			out = append(out, netip.MustParseAddr(a))
+		}
+	}
+	return out
 }
 
 const (
@@ -64,37 +100,7 @@ func TestResponderFollowsRecreatedInterface(t *testing.T) {
 		nsutil.Veth(t, node, "eth0", []string{"10.77.0.1/24", "fd00:77::1/64"}, peer, "eth0", []string{"10.77.0.2/24", "fd00:77::2/64"})
 	}
 	wire()
-
-	cmd := node.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "OHL2_RESPOND=eth0", "OHL2_IPS="+vip4+","+vip6)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		done := make(chan error)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("responder: %v", err) // the race detector's exit status, say
-			}
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Error("the responder did not stop when asked")
-		}
-		if t.Failed() {
-			t.Logf("responder log:\n%s", stderr.String())
-		}
-	})
-	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ok\n" {
-		t.Fatalf("responder: %q\n%s", line, stderr.String())
-	}
+	startResponder(t, node, vip4+","+vip6)
 
 	answered := func(what string) {
 		t.Helper()
@@ -121,6 +127,125 @@ func TestResponderFollowsRecreatedInterface(t *testing.T) {
 		t.Fatal("the new veth has the old MAC address: the test could not tell the interfaces apart")
 	}
 	answered("after the interface was recreated")
+}
+
+// responderProc is a responder (responderMain) running in a namespace.
+type responderProc struct {
+	t     *testing.T
+	stdin io.WriteCloser
+	// replies are its answers to commands, conflicts the conflicts it
+	// reported ("ip mac").
+	replies, conflicts chan string
+}
+
+// startResponder runs a responder answering for ips on eth0 of n until
+// the test ends.
+func startResponder(t *testing.T, n *nsutil.NS, ips string) *responderProc {
+	t.Helper()
+	cmd := n.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "OHL2_RESPOND=eth0", "OHL2_IPS="+ips)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &responderProc{t: t, stdin: stdin, replies: make(chan string, 16), conflicts: make(chan string, 64)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if c, ok := strings.CutPrefix(sc.Text(), "conflict "); ok {
+				select {
+				case p.conflicts <- c:
+				default:
+				}
+				continue
+			}
+			p.replies <- sc.Text()
+		}
+		close(p.replies)
+	}()
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		done := make(chan error)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("responder: %v", err) // the race detector's exit status, say
+			}
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Error("the responder did not stop when asked")
+		}
+		if t.Failed() {
+			t.Logf("responder log:\n%s", stderr.String())
+		}
+	})
+	if line := p.reply(); line != "ok" {
+		t.Fatalf("responder: %q\n%s", line, stderr.String())
+	}
+	return p
+}
+
+// reply is the responder's next answer ("" once it has ended).
+func (p *responderProc) reply() string {
+	select {
+	case l := <-p.replies:
+		return l
+	case <-time.After(10 * time.Second):
+		p.t.Fatal("the responder did not answer")
+		return ""
+	}
+}
+
+// do sends cmd and returns the answer.
+func (p *responderProc) do(cmd string) string {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, cmd+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+	return p.reply()
+}
+
+// TestResponderProbeAndConflict: two responders on one link. One answers
+// for an IPv4 and an IPv6 address; the other's probe for both (and for
+// an address nobody answers for) hears it, with its link-layer address.
+// When the second takes both addresses too, its announcements reach the
+// first as conflicts, naming the second's link-layer address.
+func TestResponderProbeAndConflict(t *testing.T) {
+	a, b := nsutil.New(t, "l2a-"), nsutil.New(t, "l2b-")
+	nsutil.Veth(t, a, "eth0", []string{"10.77.0.1/24", "fd00:77::1/64"}, b, "eth0", []string{"10.77.0.2/24", "fd00:77::2/64"})
+	ra, rb := startResponder(t, a, vip4+","+vip6), startResponder(t, b, "")
+	macA, macB := macOf(t, a, "eth0"), macOf(t, b, "eth0")
+
+	want := []string{vip4 + "=" + macA, vip6 + "=" + macA}
+	slices.Sort(want)
+	var got string
+	deadline := time.Now().Add(15 * time.Second) // a's IPv6 group joined, its addresses usable
+	for time.Now().Before(deadline) {
+		if got = rb.do("probe " + vip4 + "," + vip6 + ",203.0.113.77"); got == "probed "+strings.Join(want, " ") {
+			break
+		}
+	}
+	if got != "probed "+strings.Join(want, " ") {
+		t.Fatalf("b's probe: %q, want %q", got, "probed "+strings.Join(want, " "))
+	}
+
+	if got := rb.do("set " + vip4 + "," + vip6); got != "ok" {
+		t.Fatalf("b set: %q", got)
+	}
+	seen := map[string]bool{}
+	for want := []string{vip4 + " " + macB, vip6 + " " + macB}; !seen[want[0]] || !seen[want[1]]; {
+		select {
+		case c := <-ra.conflicts:
+			seen[c] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a reported the conflicts %v, want %v", seen, want)
+		}
+	}
 }
 
 func macOf(t *testing.T, n *nsutil.NS, iface string) string {
