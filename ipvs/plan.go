@@ -470,9 +470,15 @@ func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
 		}
 	}
 	// Hairpin: an endpoint on this node reaching itself through the Service
-	// must see the node as source, or it would answer itself directly.
+	// must see the node as source, or it would answer itself directly. The
+	// model lists this node's endpoints among the chosen ones in Hairpin
+	// (LocalEndpoints only under a Local policy).
+	hairpin := slices.Clone(p.Hairpin)
 	for _, e := range p.LocalEndpoints {
-		a := e.Addr().Unmap()
+		hairpin = append(hairpin, e.Addr())
+	}
+	for _, a := range hairpin {
+		a = a.Unmap()
 		if portal.FamilyOf(a) != fam {
 			continue
 		}
