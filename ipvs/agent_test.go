@@ -3,9 +3,9 @@ package ipvs
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +36,7 @@ type agent struct {
 	mu     sync.Mutex
 	events []portal.Problem
 	syncs  int // successful syncs
+	log    strings.Builder
 }
 
 // Report implements portal.Reporter: the model's events.
@@ -50,10 +51,7 @@ func (a *agent) Report(_ *v1.Service, problems []portal.Problem) {
 func (n *testNet) startAgent(objs ...any) *agent {
 	n.t.Helper()
 	a := &agent{t: n.t, n: n, b: n.backend(testCfg)}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(tlogWriter{n.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
+	log := slog.New(slog.NewTextHandler(tlogWriter{a}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	a.b.b.log = log
 	var trigger func()
 	a.tracker = portal.NewTracker(portal.Config{NodeName: "node"}, a, func() {
@@ -131,12 +129,24 @@ func (a *agent) eventList() []portal.Problem {
 	return append([]portal.Problem(nil), a.events...)
 }
 
-// tlogWriter sends the agent's log to the test's.
-type tlogWriter struct{ t *testing.T }
+// tlogWriter keeps the agent's log, and sends it to the test's with -v.
+type tlogWriter struct{ a *agent }
 
 func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
+	if testing.Verbose() {
+		w.a.t.Log(string(p))
+	}
+	w.a.mu.Lock()
+	defer w.a.mu.Unlock()
+	w.a.log.Write(p)
 	return len(p), nil
+}
+
+// logged is what the agent logged so far.
+func (a *agent) logged() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.log.String()
 }
 
 // service is a ClusterIP Service test/<name> with one TCP port 80 (target

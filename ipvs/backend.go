@@ -292,6 +292,9 @@ func (b *Backend) sync(snap *portal.Snapshot, full bool, sp *syncProblems) (data
 		if have, err = b.readKernel(); err != nil {
 			return st, err
 		}
+		if !b.synced {
+			b.logForeign(have.Foreign, want)
+		}
 		if !b.v6 && !b.synced && b.ipt[portal.IPv6] != nil {
 			// A previous process had IPv6 Services: reconcile (and
 			// remove, if they are gone) its ip6tables rules too.
@@ -482,7 +485,8 @@ func (b *Backend) readKernel() (*plan, error) {
 			continue
 		}
 		if _, ours := names[v.Key.String()]; !ours && !pl.VIPs[v.Key.Addr] {
-			continue // not onehop's
+			pl.Foreign = append(pl.Foreign, v.Key) // not onehop's
+			continue
 		}
 		pl.Servers[v.Key] = v
 	}
@@ -700,6 +704,24 @@ func (b *Backend) applyServer(k vsKey, v, old *virtualServer, now time.Time, cha
 		}
 	}
 	return msgs, nil
+}
+
+// logForeign says, once per process, which virtual servers that onehop
+// did not make it leaves alone: those at no address, port and protocol of a
+// Service (the others it adopts).
+func (b *Backend) logForeign(foreign []vsKey, want *plan) {
+	var left []string
+	for _, k := range foreign {
+		if want.Servers[k] == nil {
+			left = append(left, k.String())
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	slices.Sort(left)
+	b.log.Info("ipvs: virtual servers onehop did not make and no Service asks for are left alone",
+		"count", len(left), "first", left[:min(len(left), 10)])
 }
 
 // refusedByKernel reports whether err is the kernel refusing one virtual

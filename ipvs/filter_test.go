@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -66,10 +67,19 @@ func TestServiceIPsOnlyServicePorts(t *testing.T) {
 			} else if !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("from %s, TCP %s: %v, want connection refused", from, other, err)
 			}
-			if pod, _, err := n.udp(ns, other); err == nil {
-				t.Errorf("from %s, UDP %s reached %s: the node's own listener through a Service IP", from, other, pod)
-			} else if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Errorf("from %s, UDP %s: %v, want connection refused", from, other, err)
+			// An ICMP error may be lost on a loaded machine: a datagram
+			// that got no answer at all is sent again, twice at most.
+			for try := 1; ; try++ {
+				pod, _, err := n.udp(ns, other)
+				if err == nil {
+					t.Errorf("from %s, UDP %s reached %s: the node's own listener through a Service IP", from, other, pod)
+				} else if !errors.Is(err, syscall.ECONNREFUSED) {
+					if errors.Is(err, os.ErrDeadlineExceeded) && try < 3 {
+						continue
+					}
+					t.Errorf("from %s, UDP %s: %v, want connection refused", from, other, err)
+				}
+				break
 			}
 		}
 	}

@@ -111,6 +111,9 @@ type plan struct {
 	// Filter is what the kernel's filter sets hold, in plans read from
 	// the kernel; filterOf(plan) is what they must hold.
 	Filter filterState
+	// Foreign are the kernel's virtual servers that are not onehop's, in
+	// plans read from the kernel.
+	Foreign []vsKey
 	// Conflicts are entries another Service's portal already claimed.
 	Conflicts []string
 	// Panics are the Services left out because planning them panicked

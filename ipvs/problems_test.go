@@ -103,10 +103,11 @@ func TestOneSchedulerRefusedHundredServed(t *testing.T) {
 // with the scheduler both are configured with. The agent adopts them and a
 // client requesting both all along sees no failed request; a later
 // endpoint change reaches them. A third, with another scheduler than the
-// Service asks for, is updated to the Service's.
+// Service asks for, is updated to the Service's. A fourth, of a Service
+// that is gone, is left alone and logged.
 func TestAdoptKubeProxyVirtualServers(t *testing.T) {
 	n := newTestNet(t, 2)
-	const cip, other = "10.96.3.10", "10.96.3.11"
+	const cip, other, gone = "10.96.3.10", "10.96.3.11", "10.96.3.12"
 	ctx := context.Background()
 	for _, c := range [][]string{
 		// kube-proxy's IPVS mode keeps conntrack entries for IPVS and
@@ -124,6 +125,8 @@ func TestAdoptKubeProxyVirtualServers(t *testing.T) {
 		{"ipvsadm", "-a", "-t", nodeIP + ":30090", "-r", podIP(2) + ":8080", "-m"},
 		{"ipvsadm", "-A", "-t", other + ":80", "-s", "sh"},
 		{"ipvsadm", "-a", "-t", other + ":80", "-r", podIP(1) + ":8080", "-m"},
+		{"ipvsadm", "-A", "-t", gone + ":80", "-s", "sh"},
+		{"ipvsadm", "-a", "-t", gone + ":80", "-r", podIP(1) + ":8080", "-m"},
 	} {
 		if out, err := nsutil.Exec(ctx, n.node, c...); err != nil {
 			t.Fatalf("kube-proxy's state: %v: %v\n%s", c, err, out)
@@ -202,6 +205,12 @@ func TestAdoptKubeProxyVirtualServers(t *testing.T) {
 				t.Errorf("%s after the endpoint change: %s, want pod-2", addr, pod)
 			}
 		}
+	}
+	if out, err := nsutil.Exec(ctx, n.node, "ipvsadm", "-Ln", "-t", gone+":80"); err != nil || !strings.Contains(out, "sh") || !strings.Contains(out, podIP(1)+":8080") {
+		t.Errorf("the gone Service's virtual server was changed: %v\n%s", err, out)
+	}
+	if l := a.logged(); !strings.Contains(l, "left alone") || !strings.Contains(l, gone+":80") {
+		t.Errorf("the gone Service's virtual server is not named in the log:\n%s", l)
 	}
 	for _, e := range a.eventList() {
 		t.Errorf("unexpected event %s", e)
