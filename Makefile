@@ -49,6 +49,18 @@ conformance:
 	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh conformance)" ONEHOP_CONFORMANCE=all ONEHOP_CONFORMANCE_PROXY=$(CONFORMANCE_PROXY) \
 		$(GO) test -tags $(GOTAGS) -count=1 -timeout 80m -v -run '^TestConformance$$' ./test/node/
 
+# The differential tester (test/difftest, docs/difftest.md): kube-proxy
+# (nftables mode) and onehop on twin namespace clusters, given the same
+# random Services; every probe's outcome compared (root). CASES=N cases
+# from a random seed it prints, or from SEED=S to replay.
+CASES ?= 200
+SEED  ?=
+.PHONY: difftest
+difftest:
+	@hack/ci-deps.sh
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh node)" ONEHOP_DIFFTEST_CASES=$(CASES) ONEHOP_DIFFTEST_SEED=$(SEED) \
+		$(GO) test -tags $(GOTAGS) -count=1 -timeout 12h -v -run '^TestDifferential$$' ./test/difftest/
+
 # Unit and real-kernel tests only (no control plane, no VM).
 unit:
 	$(GO) test -tags $(GOTAGS) -count=1 ./portal/... ./dataplane/... ./nft/... ./cmd/... ./external/...

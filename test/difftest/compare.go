@@ -1,0 +1,203 @@
+package difftest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// runner gives both twins the same cases and compares what the probes see.
+type runner struct {
+	twins [2]*Twin // kube-proxy, onehop
+	log   *slog.Logger
+}
+
+// difference is one probe whose outcome is not the same on both twins.
+type difference struct {
+	Probe    probe
+	Outcomes [2]outcome // in the order of runner.twins
+	Allowed  *allowance
+}
+
+func (r *runner) describe(d difference) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s:\n", d.Probe)
+	for i, tw := range r.twins {
+		fmt.Fprintf(&b, "    %-10s %s\n", tw.Name+":", d.Outcomes[i])
+	}
+	if d.Allowed != nil {
+		fmt.Fprintf(&b, "    allowed (%s): %s\n", d.Allowed.Name, d.Allowed.Reason)
+	}
+	return b.String()
+}
+
+// both runs fn on each twin at once and returns the first error.
+func (r *runner) both(fn func(i int, tw *Twin) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(r.twins))
+	for i, tw := range r.twins {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(i, tw)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run writes c to both twins, waits until every proxy has it, probes,
+// rechecks every probe whose outcomes differ, removes c, and returns the
+// differences that remain (allowed ones marked).
+func (r *runner) run(ctx context.Context, c *Case) ([]difference, error) {
+	began := time.Now()
+	err := r.both(func(_ int, tw *Twin) error {
+		if err := tw.apply(ctx, c); err != nil {
+			return err
+		}
+		return tw.sync(ctx)
+	})
+	defer func() {
+		if err := r.both(func(_ int, tw *Twin) error { return tw.remove(context.WithoutCancel(ctx), c) }); err != nil {
+			r.log.Warn("remove case", "seed", c.Seed, "err", err)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	synced := time.Now()
+	ps := c.probes()
+	var out [2][]outcome
+	_ = r.both(func(i int, tw *Twin) error {
+		out[i] = tw.sendAll(ctx, ps, tries, timeout, giveUp)
+		return nil
+	})
+	var again []probe
+	var diffs []difference
+	for i, p := range ps {
+		a, b := normalize(c, p, out[0][i]), normalize(c, p, out[1][i])
+		if a.equal(b) {
+			continue
+		}
+		// A difference already on a list needs no second look.
+		d := difference{Probe: p, Outcomes: [2]outcome{a, b}}
+		if d.Allowed = allowed(c, d); d.Allowed != nil {
+			diffs = append(diffs, d)
+			continue
+		}
+		again = append(again, p)
+	}
+	rechecked := len(again)
+	// Rechecks: what answered in any round could answer (an answer is never
+	// noise); failures count from the last round only (a first pass's
+	// short timeout can be the machine's load).
+	first := map[string][2]outcome{}
+	for i, p := range ps {
+		first[p.String()] = [2]outcome{out[0][i], out[1][i]}
+	}
+	for round := 0; round < recheckRounds && len(again) > 0; round++ {
+		_ = r.both(func(i int, tw *Twin) error {
+			out[i] = tw.sendAll(ctx, again, recheckTries, recheckTimeout, 0)
+			return nil
+		})
+		var still []probe
+		for i, p := range again {
+			seen := first[p.String()]
+			for t := range seen {
+				seen[t] = merge(seen[t], out[t][i])
+			}
+			first[p.String()] = seen
+			a, b := normalize(c, p, seen[0]), normalize(c, p, seen[1])
+			switch {
+			case a.equal(b):
+			case p.To.Sticky && len(a) == 1 && len(b) == 1:
+				// Each twin stuck to one pod, or to one failure: where
+				// the path works for some pods only (a pod's traffic to
+				// another node's NodePort, not masqueraded, to a pod
+				// beside it), which one each twin drew decides.
+				r.log.Debug("inconclusive under affinity", "seed", c.Seed, "probe", p.String(), "a", a.String(), "b", b.String())
+			case round+1 < recheckRounds:
+				still = append(still, p)
+			default:
+				d := difference{Probe: p, Outcomes: [2]outcome{a, b}}
+				d.Allowed = allowed(c, d)
+				diffs = append(diffs, d)
+			}
+		}
+		again = still
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, tw := range r.twins {
+		if msg := tw.exited(); msg != "" {
+			return nil, fmt.Errorf("%s", msg)
+		}
+	}
+	r.log.Info("case compared", "seed", c.Seed, "services", len(c.Services), "probes", len(ps), "rechecked", rechecked,
+		"differences", len(diffs), "sync", synced.Sub(began).Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
+	return diffs, nil
+}
+
+// normalize makes outcomes of a Service with ClientIP affinity
+// comparable: each twin may stick to a different pod, so one pod (any)
+// is what counts.
+func normalize(c *Case, p probe, o outcome) outcome {
+	s := c.service(p.To.Service)
+	if s == nil || s.Service.Spec.SessionAffinity != v1.ServiceAffinityClientIP {
+		return o
+	}
+	var answers, rest outcome
+	for _, l := range o {
+		if strings.Contains(l, " saw ") {
+			answers = append(answers, l)
+		} else {
+			rest = append(rest, l)
+		}
+	}
+	if len(answers) != 1 {
+		return o
+	}
+	return append(outcome{"one pod (ClientIP affinity)"}, rest...)
+}
+
+// failing returns the differences no allowance covers.
+func failing(diffs []difference) []difference {
+	var out []difference
+	for _, d := range diffs {
+		if d.Allowed == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// merge keeps the answers of both outcomes and the failures of the later.
+func merge(earlier, later outcome) outcome {
+	set := map[string]bool{}
+	for _, l := range earlier {
+		if strings.Contains(l, " saw ") {
+			set[l] = true
+		}
+	}
+	for _, l := range later {
+		set[l] = true
+	}
+	out := make(outcome, 0, len(set))
+	for l := range set {
+		out = append(out, l)
+	}
+	slices.Sort(out)
+	return out
+}

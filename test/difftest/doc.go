@@ -1,0 +1,38 @@
+// Package difftest gives kube-proxy (v1.37, nftables mode) and onehop's
+// agent the same random Services and compares the packets: what each
+// vantage point reaches through each way into a Service.
+//
+// It owns:
+//   - the twins (twin.go, topology.go, proxies.go): two clusters built the
+//     same way out of network namespaces, each with its own etcd and
+//     kube-apiserver (package test/cluster), the same node names, node IPs,
+//     pod IPs, router and outside client (plan.go). Twin "kube-proxy" runs
+//     kube-proxy on every node, twin "onehop" the agent with the flags
+//     test/netns gives it, under deploy/base's RBAC. No kubelets and no
+//     controllers run: the test writes Nodes, Services and EndpointSlices
+//     to both API servers alike (objects.go);
+//   - the cases (case.go, generate.go): Services and their endpoints drawn
+//     from a seed, printable as the YAML of their objects;
+//   - the probes (probe.go, targets.go): from the outside client, a pod on
+//     each node and each node itself, to every way in, each recording the
+//     set of (pod, source IP it saw) pairs or refused, unreachable, timed out;
+//   - the comparison (compare.go, allowed.go): every difference fails the
+//     test unless it is on the deliberate list (with its reason, also in
+//     docs/difftest.md) or on the list of known differences still under
+//     investigation;
+//   - shrinking (shrink.go): a failing case loses Services, ports and
+//     endpoints one at a time while a difference remains.
+//
+// A barrier (barrier.go) makes every comparison fair: after a case is
+// written, each twin gets a fresh Service, and probing starts once every
+// node answers on it, so each proxy has seen everything written before.
+//
+// It never touches the root namespace: every namespace is named with the
+// run's prefix (nsutil.RunID) and deleted, with its processes, when the
+// test ends. Probes stay inside the twins' namespaces.
+//
+// Changes to a case while flows are open (scale, delete, recreate, flip a
+// policy) are the next step: a Case is a list of Services written at once,
+// and a sequence will be a list of such states applied in turn, with open
+// flows carried across (see docs/difftest.md).
+package difftest

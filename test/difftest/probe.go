@@ -1,0 +1,134 @@
+package difftest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/onehop/onehop/test/nsutil"
+)
+
+// How probes are sent. A first pass is short: tries requests of at most
+// timeout each, stopping after two failures with no answer. Where the twins
+// differ, the probe is sent again on both, recheckTries requests of
+// recheckTimeout each, all of them, up to recheckRounds times while they
+// still differ, so that chance (an endpoint not drawn, a request lost on a
+// busy machine) does not pass for a difference.
+const (
+	tries          = 6
+	timeout        = 300 * time.Millisecond
+	giveUp         = 2
+	recheckTries   = 20
+	recheckTimeout = 600 * time.Millisecond
+	recheckRounds  = 2
+	parallelProbes = 16
+)
+
+// outcome is what one probe saw over its tries, as a sorted set of labels:
+// "<pod>:<port> saw <source IP>" for each answer, "refused",
+// "unreachable", "timeout" or "error: ..." for each failure.
+type outcome []string
+
+func (o outcome) String() string { return "{" + strings.Join(o, ", ") + "}" }
+
+func (o outcome) equal(p outcome) bool { return slices.Equal(o, p) }
+
+// send runs p n times (fresh source port each time, so each is a new flow
+// and a fresh choice of endpoint) from tw and returns what it saw. It
+// stops early after giveUp failures while nothing answered (0: never).
+func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, giveUp int) outcome {
+	seen := map[string]bool{}
+	failures, answers := 0, 0
+	from := p.From.netns(tw)
+	for range n {
+		rctx, cancel := context.WithTimeout(ctx, each)
+		rep, err := nsutil.Request(rctx, from, p.To.Proto, p.To.Addr)
+		cancel()
+		if ctx.Err() != nil {
+			seen["error: "+ctx.Err().Error()] = true
+			break
+		}
+		if err != nil {
+			seen[classify(err)] = true
+			failures++
+			if giveUp > 0 && answers == 0 && failures >= giveUp {
+				break
+			}
+			continue
+		}
+		answers++
+		seen[fmt.Sprintf("%s:%d saw %s", rep.Name, rep.Port, rep.SourceIP())] = true
+	}
+	out := make(outcome, 0, len(seen))
+	for l := range seen {
+		out = append(out, l)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// classify names a failed request the way the client's kernel reported it.
+func classify(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "unreachable"
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset"
+	}
+	// Only the kind of error: its text holds the request's own port.
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return "error: " + errno.Error()
+	}
+	return fmt.Sprintf("error: %T", err)
+}
+
+// sendAll runs every probe on tw, parallelProbes at a time (a client's
+// probes of a Service with affinity one after another), and returns their
+// outcomes in order.
+func (tw *Twin) sendAll(ctx context.Context, ps []probe, n int, each time.Duration, giveUp int) []outcome {
+	out := make([]outcome, len(ps))
+	var groups [][]int
+	sticky := map[string]int{}
+	for i, p := range ps {
+		if !p.To.Sticky {
+			groups = append(groups, []int{i})
+			continue
+		}
+		key := p.From.Name + "/" + p.To.Service
+		g, ok := sticky[key]
+		if !ok {
+			g = len(groups)
+			sticky[key] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	sem := make(chan struct{}, parallelProbes)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			for _, i := range g {
+				out[i] = tw.send(ctx, ps[i], n, each, giveUp)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
