@@ -88,15 +88,21 @@ func (p *l2Provider) Update(_ context.Context, s *State) error {
 		if owner == s.Node && s.Serves(ip) {
 			own = append(own, ip)
 			live[ip] = strings.Join(candidates, ",")
-			if prev, ok := p.live[ip]; ok && prev != live[ip] {
-				again = append(again, ip)
-			}
 		}
 	}
-	own = p.conflicts.probeTakeovers(s, p.owners, p.own, own, owners)
-	for ip := range live {
-		if !slices.Contains(own, ip) {
-			delete(live, ip)
+	if kept := p.conflicts.probeTakeovers(s, p.owners, p.own, own, owners); len(kept) < len(own) {
+		// A node heard answering a probe is alive now: the candidates
+		// are those of the next look, so that a node heard again each
+		// lease duration does not make this one announce its IPs again.
+		own, live = kept, map[netip.Addr]string{}
+		for _, ip := range own {
+			_, candidates := l2Owner(s, ip)
+			live[ip] = strings.Join(candidates, ",")
+		}
+	}
+	for _, ip := range own {
+		if prev, ok := p.live[ip]; ok && prev != live[ip] {
+			again = append(again, ip)
 		}
 	}
 	p.r.Set(own)

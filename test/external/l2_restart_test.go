@@ -231,3 +231,42 @@ func TestL2FlappingOwner(t *testing.T) {
 	t.Logf("%d kills and restarts of %s's agent; %d rounds for each address; %d of them answered twice, each within a Lease duration of a restart",
 		cycles, x, len(d.probe.since(vip, d.settled)), doubles)
 }
+
+// TestL2PartitionOneOwnerEach: the owner of vip is cut off from the
+// apiserver (a blackhole route to it in its namespace) while the segment
+// stays whole; the other node owns vip6. For four Lease durations the
+// other node sees vip's owner's Lease expire, probes before a takeover,
+// hears it answering and leaves vip to it, again each Lease duration:
+// each address stays answered by its owner alone, and the other node
+// does not announce its own address again each time it hears the owner
+// anew (at most one burst).
+func TestL2PartitionOneOwnerEach(t *testing.T) {
+	d := startDualStackL2(t)
+	x, y := d.owners[vip], d.owners[vip6]
+	if x == y {
+		t.Fatalf("both addresses are owned by %s: the test needs one owner each", x)
+	}
+	time.Sleep(6 * time.Second) // past the start-up bursts
+	t0 := time.Now()
+	d.lab.ip(x, "route", "add", "blackhole", "10.0.0.2/32")
+	time.Sleep(6 * time.Second)
+	t1 := time.Now()
+	d.lab.ip(x, "route", "del", "blackhole", "10.0.0.2/32")
+	for ip, owner := range d.owners {
+		rounds := d.probe.since(ip, t0)
+		for _, r := range rounds {
+			if slices.ContainsFunc(r.macs, func(m string) bool { return m != d.mac[owner] }) {
+				t.Errorf("while %s was cut off from the apiserver, a request for %s was answered by %v, want its owner %s (%s) alone", x, ip, r, owner, d.mac[owner])
+			}
+		}
+		t.Logf("%s: %d requests while %s was cut off and after, answered by %s alone", ip, len(rounds), x, owner)
+	}
+	var again int
+	for _, n := range d.probe.announcements(vip6, d.mac[y], t0) {
+		again += n
+	}
+	if again > announceRounds {
+		t.Errorf("%s announced %s %d times while %s was cut off from the apiserver for 6 s, want one burst at most", y, vip6, again, x)
+	}
+	t.Logf("%s announced %s %d times while %s was cut off (%v)", y, vip6, again, x, t1.Sub(t0).Round(time.Millisecond))
+}
