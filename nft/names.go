@@ -49,19 +49,21 @@ func setNodePortMarks(f portal.Family) string { return "np-marks" + fam(f) }
 func setFirewall(f portal.Family) string   { return "fw" + fam(f) }
 func setFirewallNP(f portal.Family) string { return "fw-nodeports" + fam(f) }
 
-// firewallGuard returns the id of the element whose way in a firewall
-// element guards (the @vips or @nodeports element of the same key), and
-// false for an element of another set.
-func firewallGuard(e elem) (string, bool) {
+// firewallGuard returns the ids of the elements whose way in a firewall
+// element guards (the @vips or @nodeports element of the same key, or the
+// no-endpoints one when the Service has none: a client outside the ranges
+// is dropped, as by kube-proxy, before it could be told the port is
+// closed), and false for an element of another set.
+func firewallGuard(e elem) ([2]string, bool) {
 	for _, f := range families {
 		switch e.set {
 		case setFirewall(f):
-			return setVIPs(f) + "\x00" + e.key, true
+			return [2]string{setVIPs(f) + "\x00" + e.key, setNoEndpoints(f) + "\x00" + e.key}, true
 		case setFirewallNP(f):
-			return setNodePorts(f) + "\x00" + e.key, true
+			return [2]string{setNodePorts(f) + "\x00" + e.key, setNoEndpointsNP(f) + "\x00" + e.key}, true
 		}
 	}
-	return "", false
+	return [2]string{}, false
 }
 
 // endpointShards spreads the endpoint maps: binding a rule to a data map

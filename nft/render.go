@@ -176,8 +176,10 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 		}
 		// The firewall element of a way in follows its dispatch element:
 		// both are owned by the portal, or neither (see firewallGuard).
+		// Without endpoints too: a client outside the ranges is dropped,
+		// as by kube-proxy, not told that the port is closed.
 		fw := ""
-		if len(p.SourceRanges) > 0 && hasEps {
+		if len(p.SourceRanges) > 0 {
 			o.rangeSet, o.ranges = rangeSet(f, k.Service), p.SourceRanges
 			fw = firewallChain(o.rangeSet)
 		}

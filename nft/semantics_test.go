@@ -146,6 +146,23 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	}
 	// Without the NodePort option, NodePorts are not filtered.
 	ask(t, tp.client2, "tcp", nodeIP+":30080", 1)
+
+	// With no endpoints, as kube-proxy: a client outside the ranges is
+	// dropped, one inside is told the port is closed.
+	empty := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.LoadBalancerIPs = []netip.Addr{lbIP}
+		p.NodePort = 30080
+		p.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/25")}
+	})
+	tp.sync(t, snapshot(empty), false)
+	for _, network := range []string{"tcp", "udp"} {
+		mustRefuse(t, tp.client, network, "203.0.113.11:80")
+		mustDrop(t, tp.client2, network, "203.0.113.11:80")
+	}
+	tp.sync(t, snapshot(web), false)
+	ask(t, tp.client, "tcp", "203.0.113.11:80", 3)
+	mustDrop(t, tp.client2, "tcp", "203.0.113.11:80")
 }
 
 func TestServiceCIDRChecks(t *testing.T) {

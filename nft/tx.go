@@ -157,10 +157,17 @@ func (t *tx) otherOwner(pk portal.PortKey, e elem) (portal.PortKey, bool) {
 	if own, ok := t.owner(e.id()); ok && own != pk {
 		return own, true
 	}
-	if id, ok := firewallGuard(e); ok {
-		if own, ok := t.owner(id); !ok || own != pk {
-			return own, true
+	if ids, ok := firewallGuard(e); ok {
+		var other portal.PortKey
+		for _, id := range ids {
+			if own, ok := t.owner(id); ok {
+				if own == pk {
+					return portal.PortKey{}, false
+				}
+				other = own
+			}
 		}
+		return other, true
 	}
 	return portal.PortKey{}, false
 }
