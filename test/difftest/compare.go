@@ -61,30 +61,90 @@ func (r *runner) both(fn func(i int, tw *Twin) error) error {
 // rechecks every probe whose outcomes differ, removes c, and returns the
 // differences that remain (allowed ones marked).
 func (r *runner) run(ctx context.Context, c *Case) ([]difference, error) {
+	diffs, _, err := r.runSteps(ctx, c, nil)
+	return diffs, err
+}
+
+// runSteps runs c, then each of its changes in turn (each step writes the
+// change to both twins, waits for both, and compares again), stopping at
+// the first step that differs, and removes every object it wrote. The
+// differences are those of the last step compared, the number of changes
+// made before it is at.
+func (r *runner) runSteps(ctx context.Context, c *Case, steps []step) (diffs []difference, at int, err error) {
+	written := []*Case{c}
+	defer func() {
+		// Every state written: a failed step may have left some of each.
+		for i := len(written) - 1; i >= 0; i-- {
+			if err := r.both(func(_ int, tw *Twin) error { return tw.remove(context.WithoutCancel(ctx), written[i]) }); err != nil {
+				r.log.Warn("remove case", "seed", c.Seed, "err", err)
+			}
+		}
+	}()
+	diffs, err = r.step(ctx, nil, c, "", nil)
+	for i, st := range steps {
+		if err != nil || len(failing(diffs)) > 0 {
+			break
+		}
+		prev := written[len(written)-1]
+		written = append(written, st.Next)
+		at = i + 1
+		diffs, err = r.step(ctx, prev, st.Next, st.What, flowProbes(prev))
+	}
+	return diffs, at, err
+}
+
+// step writes c to both twins (created, or changed from prev), waits for
+// both and compares their probes, and the flows of fps opened before the
+// change.
+func (r *runner) step(ctx context.Context, prev, c *Case, what string, fps []probe) ([]difference, error) {
 	began := time.Now()
+	var flows [2]openFlows
+	_ = r.both(func(i int, tw *Twin) error {
+		flows[i] = tw.open(ctx, fps)
+		return nil
+	})
+	defer func() {
+		for _, f := range flows {
+			f.close()
+		}
+	}()
 	err := r.both(func(_ int, tw *Twin) error {
-		if err := tw.apply(ctx, c); err != nil {
+		var err error
+		if prev == nil {
+			err = tw.apply(ctx, c)
+		} else {
+			err = tw.update(ctx, prev, c)
+		}
+		if err != nil {
 			return err
 		}
 		return tw.sync(ctx)
 	})
-	defer func() {
-		if err := r.both(func(_ int, tw *Twin) error { return tw.remove(context.WithoutCancel(ctx), c) }); err != nil {
-			r.log.Warn("remove case", "seed", c.Seed, "err", err)
-		}
-	}()
 	if err != nil {
 		return nil, err
 	}
 	synced := time.Now()
-	ps := c.probes()
+	var flowsSeen [2]map[string]map[string]string
+	_ = r.both(func(i int, tw *Twin) error {
+		flowsSeen[i] = tw.after(ctx, flows[i])
+		return nil
+	})
+	var gone []*ServiceCase
+	if prev != nil {
+		for _, s := range prev.Services {
+			if c.service(s.Service.Name) == nil {
+				gone = append(gone, s)
+			}
+		}
+	}
+	ps := c.probesWith(gone)
 	var out [2][]outcome
 	_ = r.both(func(i int, tw *Twin) error {
 		out[i] = tw.sendAll(ctx, ps, tries, timeout, giveUp)
 		return nil
 	})
 	var again []probe
-	var diffs []difference
+	diffs := compareFlows(c, fps, flowsSeen)
 	for i, p := range ps {
 		a, b := normalize(c, p, out[0][i]), normalize(c, p, out[1][i])
 		if a.equal(b) {
@@ -145,7 +205,11 @@ func (r *runner) run(ctx context.Context, c *Case) ([]difference, error) {
 			return nil, fmt.Errorf("%s", msg)
 		}
 	}
-	r.log.Info("case compared", "seed", c.Seed, "services", len(c.Services), "probes", len(ps), "rechecked", rechecked,
+	nflows := 0
+	for _, byPod := range flowsSeen[1] {
+		nflows += len(byPod)
+	}
+	r.log.Info("case compared", "seed", c.Seed, "change", what, "services", len(c.Services), "probes", len(ps), "flows", nflows, "rechecked", rechecked,
 		"differences", len(diffs), "sync", synced.Sub(began).Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
 	return diffs, nil
 }

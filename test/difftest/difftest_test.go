@@ -27,7 +27,7 @@ const (
 // The fixed run `go test` (and so `make test`) makes: seeds 1 to
 // defaultCases.
 const (
-	defaultCases = 60
+	defaultCases = 30
 	defaultSeed  = 1
 )
 
@@ -56,21 +56,27 @@ func TestDifferential(t *testing.T) {
 	})
 	t.Logf("twins up in %v", time.Since(began).Round(time.Millisecond))
 
-	ran, allowedSeen := 0, map[string]int{}
+	ran, changed, allowedSeen := 0, 0, map[string]int{}
 	compareStart := time.Now()
 	for i := range cases {
 		c := generate(seed + uint64(i))
-		diffs, err := r.run(ctx, c)
+		steps := changes(c.Seed, c)
+		diffs, at, err := r.runSteps(ctx, c, steps)
 		if err != nil {
 			t.Fatalf("case seed %d: %v\n%s", c.Seed, err, c.YAML())
 		}
 		ran++
+		changed += at
 		for _, d := range diffs {
 			if d.Allowed != nil {
 				allowedSeen[d.Allowed.Name]++
 			}
 		}
 		if len(failing(diffs)) == 0 {
+			continue
+		}
+		if at > 0 {
+			t.Errorf("case seed %d: kube-proxy and onehop differ after its changes\n%s", c.Seed, r.reportSteps(c, steps[:at], diffs))
 			continue
 		}
 		small, smallDiffs, err := r.shrink(ctx, c, diffs)
@@ -80,8 +86,8 @@ func TestDifferential(t *testing.T) {
 		t.Errorf("case seed %d: kube-proxy and onehop differ\n%s", c.Seed, r.report(small, smallDiffs))
 	}
 	took := time.Since(compareStart)
-	t.Logf("difftest: %d cases from seed %d in %v (%.1f cases/minute; twins up in %v); allowed differences seen: %v",
-		ran, seed, took.Round(time.Second), float64(ran)/took.Minutes(), compareStart.Sub(began).Round(time.Second), allowedSeen)
+	t.Logf("difftest: %d cases (%d changes) from seed %d in %v (%.1f cases/minute; twins up in %v); allowed differences seen: %v",
+		ran, changed, seed, took.Round(time.Second), float64(ran)/took.Minutes(), compareStart.Sub(began).Round(time.Second), allowedSeen)
 }
 
 // runSize reads EnvSeed and EnvCases.
@@ -110,6 +116,22 @@ func (r *runner) report(c *Case, diffs []difference) string {
 	var b strings.Builder
 	b.WriteString(c.YAML())
 	b.WriteString("# probes that differ:\n")
+	for _, d := range diffs {
+		b.WriteString(r.describe(d))
+	}
+	fmt.Fprintf(&b, "# replay: %s=%d %s=1 go test ./test/difftest/\n", EnvSeed, c.Seed, EnvCases)
+	return b.String()
+}
+
+// reportSteps prints a case that differs after changes: its first state,
+// each change and the state after it, and the probes that differ.
+func (r *runner) reportSteps(c *Case, steps []step, diffs []difference) string {
+	var b strings.Builder
+	b.WriteString(c.YAML())
+	for i, st := range steps {
+		fmt.Fprintf(&b, "# change %d: %s; then:\n%s", i+1, st.What, st.Next.YAML())
+	}
+	b.WriteString("# probes that differ after the last change:\n")
 	for _, d := range diffs {
 		b.WriteString(r.describe(d))
 	}

@@ -23,6 +23,8 @@
 //   - shrinking (shrink.go): a failing case loses Services, ports and
 //     endpoints one at a time while a difference remains.
 //
+// See docs/difftest.md for how to run it and what it has found.
+//
 // A barrier (barrier.go) makes every comparison fair: after a case is
 // written, each twin gets a fresh Service, and probing starts once every
 // node answers on it, so each proxy has seen everything written before.
@@ -31,8 +33,8 @@
 // run's prefix (nsutil.RunID) and deleted, with its processes, when the
 // test ends. Probes stay inside the twins' namespaces.
 //
-// Changes to a case while flows are open (scale, delete, recreate, flip a
-// policy) are the next step: a Case is a list of Services written at once,
-// and a sequence will be a list of such states applied in turn, with open
-// flows carried across (see docs/difftest.md).
+// A case then changes (changes.go): scale up, down or to zero, delete and
+// recreate, flip a traffic policy, terminate a pod, change affinity. Each
+// state is written over the last, and flows opened before a change
+// (flows.go) say after it whether they kept their pod.
 package difftest

@@ -1,6 +1,7 @@
 package difftest
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -49,7 +50,7 @@ func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, gi
 	from := p.From.netns(tw)
 	for range n {
 		rctx, cancel := context.WithTimeout(ctx, each)
-		rep, err := nsutil.Request(rctx, from, p.To.Proto, p.To.Addr)
+		rep, err := tw.request(rctx, from, p.To.Proto, p.To.Addr, each)
 		cancel()
 		if ctx.Err() != nil {
 			seen["error: "+ctx.Err().Error()] = true
@@ -72,6 +73,44 @@ func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, gi
 	}
 	slices.Sort(out)
 	return out
+}
+
+// UDP requests take their source port from udpPorts, in turn, per
+// vantage point, below the kernel's ephemeral range: a port the kernel
+// picked could be one an earlier request used, and that request's
+// conntrack entry, made under the state before a change, would then
+// decide where this one goes.
+const (
+	udpPortFirst = 20000
+	udpPorts     = 12000
+)
+
+// request sends one request from namespace from, a fresh connection or
+// socket each time, and returns the reply.
+func (tw *Twin) request(ctx context.Context, from, proto, addr string, wait time.Duration) (nsutil.Reply, error) {
+	if proto != "udp" {
+		return nsutil.Request(ctx, from, proto, addr)
+	}
+	tw.mu.Lock()
+	if tw.udpNext == nil {
+		tw.udpNext = map[string]int{}
+	}
+	port := udpPortFirst + tw.udpNext[from]
+	tw.udpNext[from] = (tw.udpNext[from] + 1) % udpPorts
+	tw.mu.Unlock()
+	var c net.Conn
+	err := nsutil.Do(from, func() error {
+		d := net.Dialer{LocalAddr: &net.UDPAddr{Port: port}}
+		var err error
+		c, err = d.DialContext(ctx, "udp", addr)
+		return err
+	})
+	if err != nil {
+		return nsutil.Reply{}, err
+	}
+	defer c.Close()
+	f := &flow{conn: c, r: bufio.NewReader(c)}
+	return f.ask(ctx, wait)
 }
 
 // classify names a failed request the way the client's kernel reported it.
@@ -116,19 +155,27 @@ func (tw *Twin) sendAll(ctx context.Context, ps []probe, n int, each time.Durati
 		}
 		groups[g] = append(groups[g], i)
 	}
+	inParallel(len(groups), func(g int) {
+		for _, i := range groups[g] {
+			out[i] = tw.send(ctx, ps[i], n, each, giveUp)
+		}
+	})
+	return out
+}
+
+// inParallel runs fn(0) to fn(n-1), parallelProbes at a time, and waits
+// for them.
+func inParallel(n int, fn func(i int)) {
 	sem := make(chan struct{}, parallelProbes)
 	var wg sync.WaitGroup
-	for _, g := range groups {
+	for i := range n {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			for _, i := range g {
-				out[i] = tw.send(ctx, ps[i], n, each, giveUp)
-			}
+			fn(i)
 		}()
 	}
 	wg.Wait()
-	return out
 }

@@ -43,6 +43,9 @@ type target struct {
 	// Outside says whether the outside client can be routed there; inside
 	// the cluster every vantage can.
 	Outside bool
+	// Flow names the pod of a flow opened before a change, for a flow's
+	// outcome across it; "" for a probe.
+	Flow string
 	// Sticky says the Service has ClientIP affinity: one client's probes to
 	// it are sent one after another, not at once, or the first requests of
 	// two probes could race to set the client's pod.
@@ -117,10 +120,20 @@ func (p probe) String() string { return fmt.Sprintf("from %s to %s", p.From.Name
 // probes lists every probe of c: each way in of each Service from every
 // vantage point that can be routed there, and an unallocated cluster IP
 // from inside.
-func (c *Case) probes() []probe {
+func (c *Case) probes() []probe { return c.probesWith(nil) }
+
+// probesWith is probes, and every way into the Services of gone too (the
+// Services a change deleted).
+func (c *Case) probesWith(gone []*ServiceCase) []probe {
 	var ts []target
 	for _, s := range c.Services {
 		ts = append(ts, s.targets()...)
+	}
+	for _, s := range gone {
+		for _, t := range s.targets() {
+			t.Way += " (deleted)"
+			ts = append(ts, t)
+		}
 	}
 	ts = append(ts, target{Way: "unallocated cluster IP", Proto: "tcp", Addr: hostPort(unallocatedIP.String(), 80)})
 	var out []probe

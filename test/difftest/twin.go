@@ -37,6 +37,7 @@ type Twin struct {
 	namespaces []string
 	servers    []*nsutil.EchoServer
 	barrier    barrierState
+	udpNext    map[string]int // vantage namespace -> next UDP source port
 }
 
 // Node is one node namespace of a twin.
