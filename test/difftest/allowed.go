@@ -53,15 +53,6 @@ var knownDifferences = []allowance{{
 			!c.readyEndpoint(d.Probe.To.Service, d.Probe.To.Flow)
 	},
 }, {
-	Name: "loadBalancerSourceRanges of a Service without endpoints",
-	Reason: "under investigation: a connection to the load-balancer IP of a Service with no endpoints, from a source " +
-		"outside its loadBalancerSourceRanges, is dropped by kube-proxy (it times out) and refused by onehop",
-	match: func(c *Case, d difference) bool {
-		s := c.service(d.Probe.To.Service)
-		return s != nil && len(s.Service.Spec.LoadBalancerSourceRanges) > 0 && d.Probe.To.Way == "load-balancer IP" &&
-			d.Outcomes[0].equal(outcome{"timeout"}) && d.Outcomes[1].equal(outcome{"refused"})
-	},
-}, {
 	Name: "UDP from a node to its own NodePort without endpoints",
 	Reason: "under investigation: a node's own UDP datagram to its NodePort of a Service with no endpoints is refused " +
 		"by kube-proxy (ICMP port unreachable) and dropped on output by onehop (the sender gets EPERM)",
