@@ -112,9 +112,8 @@ bench-watch:
 		$(GO) test -tags $(GOTAGS) -count=1 -timeout 3h -run '^TestWatchScale$$' ./test/watchscale/
 	tail -n 20 docs/bench/watch.md
 
-# Targets below are owned by test/ and hack/ (issue 3): the real control plane,
-# the namespace end-to-end suite and the demo. Build/test/lint targets are
-# owned by the agent's engineers.
+# The targets below drive test/ and hack/: the real control plane, the
+# namespace end-to-end suite and the demo.
 
 E2E_TIMEOUT ?= 40m
 
