@@ -22,7 +22,8 @@ var deliberate = []allowance{{
 	Reason: "onehop serves spec.externalIPs only inside --external-ip-cidrs (none by default; CVE-2020-8554); " +
 		"kube-proxy serves any address a Service claims",
 	match: func(_ *Case, d difference) bool {
-		return strings.HasPrefix(d.Probe.To.Way, "externalIP") && !inPrefix(d.Probe.To.Addr, allowedExternalCIDR)
+		return strings.HasPrefix(d.Probe.To.Way, "externalIP") &&
+			!inPrefix(d.Probe.To.Addr, allowedExternalCIDR) && !inPrefix(d.Probe.To.Addr, allowedExternalCIDR6)
 	},
 }}
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 	"time"
 
@@ -34,8 +33,9 @@ type barrierState struct {
 // barrierPod answers every barrier.
 var barrierPod = podRef{1, 1}
 
-// sync writes a fresh barrier Service (and its EndpointSlice) after
-// removing the last one, and returns once every node reaches it. Each
+// sync writes a fresh dual-stack barrier Service (and its EndpointSlices)
+// after removing the last one, and returns once every node reaches it on
+// both cluster IPs. Each
 // proxy reads Services and EndpointSlices in the order the API server
 // wrote them, so a node serving the barrier has seen every earlier write.
 func (tw *Twin) sync(ctx context.Context) error {
@@ -48,66 +48,85 @@ func (tw *Twin) sync(ctx context.Context) error {
 	round := tw.barrier.round
 	name := fmt.Sprintf("barrier-%d", round)
 	tw.barrier.name = name
-	a := barrierBase.As4()
-	a[3] = byte(10 + round%200)
-	ip := netip.AddrFrom4(a).String()
+	// Dual-stack: each family's proxier (kube-proxy runs one per family)
+	// must have seen everything.
+	ips := barrierIPs(round)
 	svc := &v1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: barrierNamespace},
-		Spec: v1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
+		Spec: v1.ServiceSpec{ClusterIP: ips[0].String(), IPFamilyPolicy: ptr.To(v1.IPFamilyPolicyRequireDualStack),
 			Ports: []v1.ServicePort{{Name: "p", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	var addrs []string
+	for _, ip := range ips {
+		svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, ip.String())
+		svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, family(ip))
+		addrs = append(addrs, net.JoinHostPort(ip.String(), strconv.Itoa(80)))
 	}
 	if _, err := tw.Client.CoreV1().Services(barrierNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("%s: barrier Service: %w", tw.Name, err)
 	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: barrierNamespace, Labels: map[string]string{
-			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: managedBy}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p"), Protocol: ptr.To(v1.ProtocolTCP), Port: ptr.To(int32(8080))}},
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{barrierPod.IP().String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
-			NodeName:   ptr.To(nodeName(barrierPod.Node)),
-		}},
+	for _, f := range svc.Spec.IPFamilies {
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: sliceName(name, f, 0), Namespace: barrierNamespace, Labels: map[string]string{
+				discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: managedBy}},
+			AddressType: discoveryv1.AddressType(f),
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p"), Protocol: ptr.To(v1.ProtocolTCP), Port: ptr.To(int32(8080))}},
+			Endpoints: []discoveryv1.Endpoint{{
+				Addresses:  []string{barrierPod.IPOf(f).String()},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+				NodeName:   ptr.To(nodeName(barrierPod.Node)),
+			}},
+		}
+		if _, err := tw.Client.DiscoveryV1().EndpointSlices(barrierNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("%s: barrier EndpointSlice: %w", tw.Name, err)
+		}
 	}
-	if _, err := tw.Client.DiscoveryV1().EndpointSlices(barrierNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("%s: barrier EndpointSlice: %w", tw.Name, err)
-	}
-	addr := net.JoinHostPort(ip, strconv.Itoa(80))
 	ctx, cancel := context.WithTimeout(ctx, barrierTimeout)
 	defer cancel()
 	for _, n := range tw.Nodes {
-		var last string
-		for {
-			rctx, rcancel := context.WithTimeout(ctx, time.Second)
-			rep, err := nsutil.Request(rctx, n.Netns, "tcp", addr)
-			rcancel()
-			if err == nil && rep.Name == barrierPod.Name() {
-				break
-			}
-			if err != nil {
-				last = err.Error()
-			} else {
-				last = "answered by " + rep.Name
-			}
-			if msg := tw.exited(); msg != "" {
-				return fmt.Errorf("%s", msg)
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%s: %s does not serve barrier %s (%s) within %v: %s", tw.Name, n.Name, name, addr, barrierTimeout, last)
-			case <-time.After(20 * time.Millisecond):
+		for _, addr := range addrs {
+			if err := tw.awaitBarrier(ctx, n, name, addr); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
 }
 
-func (tw *Twin) deleteBarrier(ctx context.Context, name string) error {
-	err := tw.Client.DiscoveryV1().EndpointSlices(barrierNamespace).Delete(ctx, name, metav1.DeleteOptions{})
-	if err == nil || apierrors.IsNotFound(err) {
-		err = tw.Client.CoreV1().Services(barrierNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+// awaitBarrier returns once node n reaches the barrier pod at addr.
+func (tw *Twin) awaitBarrier(ctx context.Context, n *Node, name, addr string) error {
+	var last string
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		rep, err := nsutil.Request(rctx, n.Netns, "tcp", addr)
+		rcancel()
+		if err == nil && rep.Name == barrierPod.Name() {
+			return nil
+		}
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = "answered by " + rep.Name
+		}
+		if msg := tw.exited(); msg != "" {
+			return fmt.Errorf("%s", msg)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %s does not serve barrier %s (%s) within %v: %s", tw.Name, n.Name, name, addr, barrierTimeout, last)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
+}
+
+func (tw *Twin) deleteBarrier(ctx context.Context, name string) error {
+	for _, f := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+		err := tw.Client.DiscoveryV1().EndpointSlices(barrierNamespace).Delete(ctx, sliceName(name, f, 0), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s: delete barrier %s: %w", tw.Name, name, err)
+		}
+	}
+	err := tw.Client.CoreV1().Services(barrierNamespace).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("%s: delete barrier %s: %w", tw.Name, name, err)
 	}

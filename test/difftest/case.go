@@ -75,11 +75,13 @@ func (c *Case) service(name string) *ServiceCase {
 }
 
 // slices returns the EndpointSlices the EndpointSlice controller would
-// write for s: IPv4, target ports resolved to numbers, each endpoint with
-// its node, zone, hints and a Pod reference; the Service's labels copied
-// but for the headless one, set only on a headless Service's slices. The
-// endpoints fill one slice, or two when the case splits them (Split), the
-// first endpoint then in both when it is a duplicate.
+// write for s: one set per IP family of the Service (IPv4 when it names
+// none), target ports resolved to numbers, each endpoint with its pod's
+// address of that family, its node, zone, hints and a Pod reference; the
+// Service's labels copied but for the headless one, set only on a
+// headless Service's slices. The endpoints fill one slice per family, or
+// two when the case splits them (Split), the first endpoint then in both
+// when it is a duplicate.
 func (s *ServiceCase) slices() []*discoveryv1.EndpointSlice {
 	groups := [][]Endpoint{s.Endpoints}
 	if s.Split > 0 && s.Split < len(s.Endpoints) {
@@ -90,21 +92,37 @@ func (s *ServiceCase) slices() []*discoveryv1.EndpointSlice {
 		groups = [][]Endpoint{s.Endpoints[:s.Split], second}
 	}
 	var out []*discoveryv1.EndpointSlice
-	for i, eps := range groups {
-		name := s.Service.Name + "-ipv4"
-		if i > 0 {
-			name += fmt.Sprintf("-%d", i+1)
+	for _, f := range s.families() {
+		for i, eps := range groups {
+			out = append(out, s.slice(sliceName(s.Service.Name, f, i), f, eps))
 		}
-		out = append(out, s.slice(name, eps))
 	}
 	return out
 }
 
-func (s *ServiceCase) slice(name string, eps []Endpoint) *discoveryv1.EndpointSlice {
+// families returns the Service's IP families, IPv4 when it names none.
+func (s *ServiceCase) families() []v1.IPFamily {
+	if fs := s.Service.Spec.IPFamilies; len(fs) > 0 {
+		return fs
+	}
+	return []v1.IPFamily{v1.IPv4Protocol}
+}
+
+// sliceName names the i-th (0-based) EndpointSlice of family f of the
+// Service named service: "<service>-ipv4", "<service>-ipv6-2".
+func sliceName(service string, f v1.IPFamily, i int) string {
+	name := service + "-" + strings.ToLower(string(f))
+	if i > 0 {
+		name += fmt.Sprintf("-%d", i+1)
+	}
+	return name
+}
+
+func (s *ServiceCase) slice(name string, f v1.IPFamily, eps []Endpoint) *discoveryv1.EndpointSlice {
 	slice := &discoveryv1.EndpointSlice{
 		TypeMeta:    metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
 		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: discoveryv1.AddressType(f),
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
 	for k, v := range s.Service.Labels {
@@ -125,7 +143,7 @@ func (s *ServiceCase) slice(name string, eps []Endpoint) *discoveryv1.EndpointSl
 	}
 	for _, e := range eps {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{e.Pod.IP().String()},
+			Addresses:  []string{e.Pod.IPOf(f).String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
 			NodeName:   ptr.To(nodeName(e.Pod.Node)),
 			Zone:       ptr.To(nodeZone(e.Pod.Node)),

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/onehop/onehop/test/netns"
 )
 
@@ -18,10 +20,24 @@ const (
 )
 
 // Where the NodePort, external and load-balancer probes are sent from
-// outside and which the agent may serve externalIPs in: the external range's
-// lower half. The upper half is routed to node 1 all the same, so an
-// externalIP there shows the deliberate difference (allowed.go).
-const allowedExternalCIDR = "203.0.113.0/25"
+// outside and which the agent may serve externalIPs in: each external
+// range's lower half. The upper halves are routed to node 1 all the same,
+// so an externalIP there shows the deliberate difference (allowed.go).
+const (
+	allowedExternalCIDR  = "203.0.113.0/25"
+	allowedExternalCIDR6 = "2001:db8:113::/65"
+)
+
+// externalIP6 is address n of the external IPv6 range's lower half
+// (allowed) or upper half.
+func externalIP6(n int, allowed bool) netip.Addr {
+	a := netip.MustParsePrefix(netns.ExternalCIDR6).Addr().As16()
+	if !allowed {
+		a[8] = 0x80
+	}
+	a[14], a[15] = byte(n>>8), byte(n)
+	return netip.AddrFrom16(a)
+}
 
 func routerIP() netip.Addr { return netip.MustParseAddr("192.0.2.1") }
 
@@ -77,6 +93,14 @@ func (p podRef) IP() netip.Addr { return podIP(p.Node, p.Index) }
 
 func (p podRef) IP6() netip.Addr { return podIP6(p.Node, p.Index) }
 
+// IPOf returns the pod's address of family f.
+func (p podRef) IPOf(f v1.IPFamily) netip.Addr {
+	if f == v1.IPv6Protocol {
+		return p.IP6()
+	}
+	return p.IP()
+}
+
 // allPods lists every pod of the plan, node by node.
 func allPods() []podRef {
 	var out []podRef
@@ -97,13 +121,41 @@ var (
 
 const closedPort = 9
 
-// Cluster IPs: the case's Services take theirs from serviceBand, the
-// barrier's from barrierBand; unallocatedIP is never given to a Service.
+// The twins' service CIDRs, one per family: their API servers allocate
+// from them and both proxies take them as theirs.
 var (
-	serviceBand   = netip.MustParsePrefix("10.96.128.0/17")
-	barrierBase   = netip.MustParseAddr("10.96.0.0")
-	unallocatedIP = netip.MustParseAddr("10.96.0.250")
+	serviceCIDR  = netip.MustParsePrefix("10.96.0.0/16")
+	serviceCIDR6 = netip.MustParsePrefix("fd00:96::/112")
+	serviceCIDRs = serviceCIDR.String() + "," + serviceCIDR6.String()
 )
+
+// Cluster IPs, per family: the case's Services take theirs from the upper
+// half of the service CIDR (serviceBand), the barrier's from the first
+// addresses of the lower half; the unallocated IPs are never given to a
+// Service.
+var (
+	serviceBand    = netip.MustParsePrefix("10.96.128.0/17")
+	serviceBand6   = netip.MustParsePrefix("fd00:96::8000/113")
+	unallocatedIP  = netip.MustParseAddr("10.96.0.250")
+	unallocatedIP6 = netip.MustParseAddr("fd00:96::fa")
+)
+
+// barrierIPs are the barrier Service's cluster IPs in round, one per
+// family: host 10 to 209 of each service CIDR.
+func barrierIPs(round int) []netip.Addr {
+	n := byte(10 + round%200)
+	a, a6 := serviceCIDR.Addr().As4(), serviceCIDR6.Addr().As16()
+	a[3], a6[15] = n, n
+	return []netip.Addr{netip.AddrFrom4(a), netip.AddrFrom16(a6)}
+}
+
+// family is the IP family of a.
+func family(a netip.Addr) v1.IPFamily {
+	if a.Is4() {
+		return v1.IPv4Protocol
+	}
+	return v1.IPv6Protocol
+}
 
 func with24(a netip.Addr) string { return a.String() + "/24" }
 

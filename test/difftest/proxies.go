@@ -20,10 +20,12 @@ type proxy interface {
 	argv(tw *Twin, n *Node) []string
 }
 
-// Both proxies get the same settings: pod CIDRs (traffic to a Service
-// from outside them is masqueraded), NodePorts on the node segment's
-// addresses, every sync at once, and the namespace's conntrack limits left
-// alone.
+// Both proxies get the same settings, dual-stack: pod CIDRs of both
+// families (traffic to a Service from outside them is masqueraded),
+// NodePorts on the node segment's addresses of both families, every sync
+// at once, and the namespace's conntrack limits left alone. The agent also
+// gets the twins' service CIDRs (kube-proxy reads them from the
+// ServiceCIDR objects) and the allowed halves of the external ranges.
 var (
 	clusterCIDRs      = netns.ClusterCIDR + "," + netns.ClusterCIDR6
 	nodePortAddresses = netns.NodeCIDR + "," + netns.NodeCIDR6
@@ -84,8 +86,8 @@ func (a *onehopAgent) prepare(ctx context.Context, tw *Twin) error {
 func (a *onehopAgent) argv(_ *Twin, n *Node) []string {
 	return append([]string{a.bin, "run",
 		"--kubeconfig", a.kubeconfigs[n.Name],
-		"--service-cidr", cluster.DefaultServiceCIDRs,
-		"--external-ip-cidrs", allowedExternalCIDR + "," + netns.ExternalCIDR6,
+		"--service-cidr", serviceCIDRs,
+		"--external-ip-cidrs", allowedExternalCIDR + "," + allowedExternalCIDR6,
 		"--min-sync-period", "0s",
 	}, sharedFlags(n)...)
 }

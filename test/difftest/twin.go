@@ -71,12 +71,13 @@ func newTwin(ctx context.Context, name, id, dir, binDir string, p proxy, log *sl
 		return tw, fmt.Errorf("%s topology: %w", name, err)
 	}
 	tw.CP, err = cluster.Start(ctx, cluster.Options{
-		Netns:   tw.ControlNS,
-		Address: netns.ControlPlaneIP().String(),
-		Port:    netns.APIServerPort,
-		BinDir:  binDir,
-		Dir:     filepath.Join(dir, "controlplane"),
-		Log:     tw.log,
+		Netns:        tw.ControlNS,
+		Address:      netns.ControlPlaneIP().String(),
+		Port:         netns.APIServerPort,
+		ServiceCIDRs: serviceCIDRs,
+		BinDir:       binDir,
+		Dir:          filepath.Join(dir, "controlplane"),
+		Log:          tw.log,
 	})
 	if err != nil {
 		return tw, fmt.Errorf("%s control plane: %w", name, err)
