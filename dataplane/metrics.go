@@ -52,7 +52,14 @@ type Metrics struct {
 	providerUp       *prometheus.GaugeVec
 	providerFailures *prometheus.CounterVec
 	hook             *hookMetrics
+
+	proxyMode string // answered at /proxyMode; empty: not served
 }
+
+// SetProxyMode makes the metrics server answer /proxyMode with mode, as
+// kube-proxy's does ("nftables", "ipvs"): tools, and upstream's e2e tests,
+// ask it which dataplane a node runs. Call it before serving.
+func (m *Metrics) SetProxyMode(mode string) { m.proxyMode = mode }
 
 // syncBuckets are kube-proxy's sync-duration buckets: 1ms doubling to ~16s.
 var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
@@ -351,6 +358,13 @@ func (m *Metrics) ServeListener(ctx context.Context, ln net.Listener, reg promet
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = w.Write([]byte("ok"))
 	})
+	if m.proxyMode != "" {
+		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			_, _ = w.Write([]byte(m.proxyMode))
+		})
+	}
 	if profiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

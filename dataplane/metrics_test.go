@@ -110,6 +110,24 @@ func TestMetricsProfiling(t *testing.T) {
 	}
 }
 
+// /proxyMode answers the dataplane's name, as kube-proxy's metrics server
+// does; without one set there is no such page.
+func TestMetricsProxyMode(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	base := startMetrics(t, m, reg, false)
+	if code, body := get(t, base+"/proxyMode"); code != http.StatusNotFound {
+		t.Errorf("/proxyMode with no mode set = %d %q, want 404", code, body)
+	}
+	reg2 := prometheus.NewRegistry()
+	m2 := NewMetrics(reg2)
+	m2.SetProxyMode("nftables")
+	base = startMetrics(t, m2, reg2, false)
+	if code, body := get(t, base+"/proxyMode"); code != http.StatusOK || body != "nftables" {
+		t.Errorf("/proxyMode = %d %q, want 200 nftables", code, body)
+	}
+}
+
 func TestMetricsNil(t *testing.T) {
 	var m *Metrics // metrics disabled: every call is a no-op
 	m.ObserveSync(SyncStats{Full: true}, nil)

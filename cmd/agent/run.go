@@ -424,6 +424,12 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	metrics := dataplane.NewMetrics(reg)
+	// /proxyMode says the dataplane in kube-proxy's words.
+	if f.dataplane == configDataplaneNFTables {
+		metrics.SetProxyMode("nftables")
+	} else {
+		metrics.SetProxyMode(f.dataplane)
+	}
 	// A health or metrics address that cannot be bound (another process
 	// holds it) is retried every few seconds, as in kube-proxy, unless
 	// bindAddressHardFail asks to exit.
