@@ -1,6 +1,8 @@
 // Command agent is onehop's per-node agent: run it in place of kube-proxy.
 //
 //	agent run        keep the kernel in step with Services and EndpointSlices
+//	agent conntrack-setup set the conntrack sysctls of run's settings, and
+//	                 exit (the DaemonSet's privileged init container)
 //	agent controller the cloud hook's cluster-wide part (IP allocation,
 //	                 Service status, webhook), leader-elected, as a Deployment
 //	agent dump-rules show what the kernel holds, per Service port
@@ -39,6 +41,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		err = runCmd(ctx, args[1:], stderr)
+	case "conntrack-setup":
+		err = conntrackSetupCmd(ctx, args[1:], stderr)
 	case "controller":
 		err = controllerCmd(ctx, args[1:], stderr)
 	case "dump-rules":
@@ -70,6 +74,8 @@ func usage(w io.Writer) {
 
 commands:
   run          program the kernel from Services, EndpointSlices and this Node
+  conntrack-setup  set the conntrack sysctls of run's --config and --conntrack-* flags, and exit
+               (the DaemonSet runs it privileged, before the unprivileged agent)
   controller   the cloud hook's cluster-wide part: LoadBalancer IPs, Service status, webhook
   dump-rules   print the kernel's onehop state per Service port (-o table|json|nft)
   trace        tell which way a new connection goes through the kernel's rules: the

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -234,8 +235,14 @@ func parsePrefixes(flagName, s string) ([]netip.Prefix, error) {
 }
 
 func parseRunFlags(args []string, stderr io.Writer) (*runFlags, []string, error) {
+	return parseRunFlagsAs("agent run", args, stderr)
+}
+
+// parseRunFlagsAs is parseRunFlags for a command (name) that reads run's
+// settings.
+func parseRunFlagsAs(name string, args []string, stderr io.Writer) (*runFlags, []string, error) {
 	f := &runFlags{}
-	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -345,17 +352,28 @@ func nodeName(override string) (string, error) {
 	return strings.ToLower(strings.TrimSpace(name)), nil
 }
 
-func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
-	f, warnings, err := parseRunFlags(args, stderr)
+// runSettings reads run's settings for the command name and makes the
+// logger they ask for, which logs the config file's warnings first. After
+// -h it returns no settings and no error.
+func runSettings(name string, args []string, stderr io.Writer) (*runFlags, *slog.Logger, error) {
+	f, warnings, err := parseRunFlagsAs(name, args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return nil, nil, nil
 		}
-		return err
+		return nil, nil, err
 	}
 	log := newLogger(stderr, f.verbosity, f.logFormat)
 	for _, w := range warnings {
 		log.Warn("config file", "path", f.config, "warning", w)
+	}
+	return f, log, nil
+}
+
+func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
+	f, log, err := runSettings("agent run", args, stderr)
+	if f == nil {
+		return err
 	}
 	// fatal stops the agent with err: runCmd returns it once everything
 	// started has stopped.

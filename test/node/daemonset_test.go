@@ -43,6 +43,7 @@ func TestShippedDaemonSet(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	hostConntrack := readHostConntrack(t)
 	c := node.Start(t, node.Options{Nodes: 2, Images: images})
 	client := c.Client(t)
 
@@ -54,6 +55,21 @@ func TestShippedDaemonSet(t *testing.T) {
 	c.WaitDaemonSet(t, "kube-system", "onehop", 3*time.Minute)
 	t.Logf("DaemonSet Ready on %d nodes %v after apply", len(c.Nodes), time.Since(began).Round(time.Millisecond))
 	c.WaitDeployment(t, "kube-system", "onehop-controller", 3*time.Minute)
+
+	// The privileged init container set each node's own conntrack
+	// timeouts (kube-proxy's, from the ConfigMap), and nothing of the
+	// host's: the harness sets maxPerCore and min to 0.
+	for _, n := range c.Nodes {
+		for sysctl, want := range map[string]string{"nf_conntrack_tcp_timeout_close_wait": "3600", "nf_conntrack_tcp_timeout_established": "86400"} {
+			out, err := nsutil.Exec(ctx, n.Name, "cat", "/proc/sys/net/netfilter/"+sysctl)
+			if err != nil || strings.TrimSpace(out) != want {
+				t.Errorf("node %s: %s = %q (%v), want %s", n.Name, sysctl, strings.TrimSpace(out), err, want)
+			}
+		}
+	}
+	if now := readHostConntrack(t); now != hostConntrack {
+		t.Errorf("the host's conntrack table changed: %v, before %v", now, hostConntrack)
+	}
 
 	for i, n := range c.Nodes {
 		createWebPod(ctx, t, client, fmt.Sprintf("web-%d", i), n.Name)
@@ -128,6 +144,22 @@ func TestShippedDaemonSet(t *testing.T) {
 			t.Errorf("the API server refused %d requests of %s, e.g. %+v: its RBAC lacks what it does", len(refused), sa, refused[0])
 		}
 	}
+}
+
+// readHostConntrack reads the host's conntrack table limits, which only the
+// initial network namespace may change: nf_conntrack_max and the hash
+// table size.
+func readHostConntrack(t *testing.T) [2]string {
+	t.Helper()
+	var out [2]string
+	for i, path := range []string{"/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = strings.TrimSpace(string(b))
+	}
+	return out
 }
 
 // checkAgentSecurity finds each node's agent process and checks what the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +23,18 @@ import (
 // "deploy/ipvs") as shipped and changes only what every installation
 // changes: the agent's image and the API server's address in
 // kubeconfig.conf; patches are added as the migration guide adds its own.
+// Because the nodes are network namespaces of one host, config.conf's
+// conntrack.maxPerCore and min are set to 0 as well (hostConntrackOff): the
+// DaemonSet's init container sets only the nodes' own conntrack timeouts.
 // It returns the overlay's directory, for kubectl -k.
 func (c *Cluster) Overlay(t testing.TB, variant, image string, patches ...map[string]any) string {
+	t.Helper()
+	return c.OverlayConfig(t, variant, image, nil, patches...)
+}
+
+// OverlayConfig is Overlay with edit applied to config.conf too, as an
+// operator edits the ConfigMap; nil leaves it as shipped.
+func (c *Cluster) OverlayConfig(t testing.TB, variant, image string, edit func(conf string) (string, error), patches ...map[string]any) string {
 	t.Helper()
 	root, err := cluster.RepoRoot()
 	if err != nil {
@@ -49,7 +60,15 @@ func (c *Cluster) Overlay(t testing.TB, variant, image string, patches ...map[st
 	if !ok {
 		t.Fatalf("image %q has no tag", image)
 	}
-	patch, err := json.Marshal([]map[string]any{{"op": "replace", "path": "/data/kubeconfig.conf", "value": kubeconfig}})
+	conf, err := hostConntrackOff(cm.Data["config.conf"])
+	if err == nil && edit != nil {
+		conf, err = edit(conf)
+	}
+	if err != nil {
+		t.Fatalf("deploy/base/configmap.yaml: config.conf: %v", err)
+	}
+	patch, err := json.Marshal([]map[string]any{{"op": "replace", "path": "/data/kubeconfig.conf", "value": kubeconfig},
+		{"op": "replace", "path": "/data/config.conf", "value": conf}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +93,27 @@ func (c *Cluster) Overlay(t testing.TB, variant, image string, patches ...map[st
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// hostConntrackSetting is a conntrack setting of config.conf that changes
+// the whole host: nf_conntrack_max and the hash table size.
+var hostConntrackSetting = regexp.MustCompile(`(?m)^([ \t]*)(maxPerCore|min): *\d+ *$`)
+
+// hostConntrackOff sets conntrack.maxPerCore and min to 0 in conf, so that
+// nothing run on a node raises the host's nf_conntrack_max or resizes its
+// conntrack hash table. Both must be there: left out, they would take
+// kube-proxy's defaults.
+func hostConntrackOff(conf string) (string, error) {
+	found := map[string]bool{}
+	out := hostConntrackSetting.ReplaceAllStringFunc(conf, func(line string) string {
+		m := hostConntrackSetting.FindStringSubmatch(line)
+		found[m[2]] = true
+		return m[1] + m[2] + ": 0"
+	})
+	if !found["maxPerCore"] || !found["min"] {
+		return "", fmt.Errorf("no conntrack.maxPerCore and conntrack.min to set to 0 (found %v)", found)
+	}
+	return out, nil
 }
 
 // WaitDaemonSet waits until the DaemonSet's newest generation runs Ready on
