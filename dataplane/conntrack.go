@@ -35,9 +35,16 @@ import (
 //     deleted: an established connection to a terminating endpoint is left
 //     to finish.
 //
-// So, for the Service ports whose change can leave such entries:
+// A flow DNATed to an endpoint that still serves the Service port (ready,
+// or serving and terminating: portal.Portal.Serving) is left alone,
+// whatever topology, traffic policies or the choice between ready and
+// terminating endpoints now do with new flows: as kube-proxy does, so that
+// a UDP flow fares as a TCP connection would, which a change of the
+// Service never cuts. So, for the Service ports whose change can leave
+// stale entries:
 //
-//   - when an endpoint goes away, entries DNATed to it are deleted;
+//   - when an endpoint stops serving or goes away, entries DNATed to it
+//     are deleted;
 //   - when a Service port goes from no endpoints to some (or is created, or
 //     re-created), entries made while it had none were not DNATed (routed
 //     elsewhere, or recorded while rejected): entries to those addresses
@@ -46,27 +53,39 @@ import (
 //   - when an address or NodePort is removed from a Service, entries DNATed
 //     through it are deleted.
 //
+// Two cases go further than kube-proxy, which leaves them: a UDP flow must
+// not outlive its Service. When a Service is deleted, the entries DNATed
+// through its addresses and NodePorts are deleted; when a Service port is
+// left with no serving endpoint, its NodePort's entries are deleted as well
+// as its addresses' (kube-proxy cleans the addresses only).
+//
 // The first call after a start treats every Service as new, so entries
 // left from before a restart are checked against the current endpoints.
 //
-// OnApplied is meant to run after every applied sync (Runner.OnApplied).
-// It looks only at the snapshot's Dirty Services and remembers the
-// Services it saw (the immutable *portal.Service values, not the
-// snapshot's map) to compare with later ones, so a sync costs in
-// proportion to what changed. Cleaning costs one walk of the conntrack
-// table per IP family involved, which grows with the node's connections:
-// OnApplied walks it at most once per MinInterval. A change that arrives
-// sooner is cleaned, together with the ones that follow it, when the
-// interval is over, so a burst of changes costs one walk, and a change in
-// a quiet time is cleaned at once. Every version of a Service the kernel
-// had in between counts, not only the first and the last: a flow may have
-// begun through any of them (a Service that got an endpoint and lost it
+// OnApplied is meant to run after every applied sync (Runner.OnApplied). It
+// looks only at the snapshot's Dirty Services and remembers the Services it
+// saw (the immutable *portal.Service values, not the snapshot's map) to
+// compare with later ones, so a sync costs in proportion to what changed:
+// the changed Service ports' serving endpoints, not the number of Services.
+// The serving endpoints come with the Portals and share ClusterEndpoints'
+// array when they are the same (every endpoint ready, no topology), so in
+// the common case they cost no allocation of their own. A change of the
+// serving endpoints alone (a terminating endpoint gone while others are
+// ready) is a change of the Service too, so that its flows are cleaned, and
+// costs what an endpoint change costs. Cleaning costs one walk of the
+// conntrack table per IP family involved, which grows with the node's
+// connections: OnApplied walks it at most once per MinInterval. A change
+// that arrives sooner is cleaned, together with the ones that follow it,
+// when the interval is over, so a burst of changes costs one walk, and a
+// change in a quiet time is cleaned at once. Every version of a Service the
+// kernel had in between counts, not only the first and the last: a flow may
+// have begun through any of them (a Service that got an endpoint and lost it
 // again within the interval leaves flows DNATed to that endpoint).
 //
 // SCTP entries are matched by address only: the netlink library does not
 // decode SCTP ports, so an SCTP flow counts as stale when its destination
 // is a Service IP with SCTP ports and its DNAT target is none of their
-// endpoints' addresses; SCTP NodePorts are not cleaned.
+// serving endpoints' addresses; SCTP NodePorts are not cleaned.
 type ConntrackCleaner struct {
 	log     *slog.Logger
 	netnsFD int
@@ -299,12 +318,12 @@ type ctNodePort struct {
 
 // ctTarget says which flows to a destination are still right.
 type ctTarget struct {
-	// endpoints are the current DNAT targets; a DNATed flow to another is
-	// stale. For SCTP only the addresses count (port 0).
+	// endpoints are the current serving endpoints; a DNATed flow to
+	// another is stale. For SCTP only the addresses count (port 0).
 	endpoints map[netip.AddrPort]struct{}
-	// serving: the destination has endpoints, so a flow that was not
+	// balanced: the destination has DNAT targets, so a flow that was not
 	// DNATed is stale.
-	serving bool
+	balanced bool
 }
 
 // conntrackFilter matches the stale entries of the changed Service ports.
@@ -387,7 +406,7 @@ func halfOpen(flow *netlink.ConntrackFlow) bool {
 
 func (t *ctTarget) stale(natted bool, replySrc netip.AddrPort) bool {
 	if !natted {
-		return t.serving
+		return t.balanced
 	}
 	_, ok := t.endpoints[replySrc]
 	return !ok
@@ -478,14 +497,23 @@ func portalsByKey(svc *portal.Service) map[portal.PortKey]*portal.Portal {
 	return out
 }
 
-// endpointSet is every DNAT target p uses: cluster and local endpoints.
-func endpointSet(p *portal.Portal) map[netip.AddrPort]struct{} {
+// balanced reports whether p DNATs to any endpoint (cluster or local): if
+// not, its flows were recorded un-NATed.
+func balanced(p *portal.Portal) bool {
+	return p != nil && len(p.ClusterEndpoints)+len(p.LocalEndpoints) > 0
+}
+
+// servingSet is every endpoint a flow DNATed through p may stay on: the
+// serving ones, and the DNAT targets, which are among them (a Portal not
+// built from Kubernetes objects may leave Serving out). For SCTP only the
+// addresses count (port 0).
+func servingSet(p *portal.Portal) map[netip.AddrPort]struct{} {
 	out := map[netip.AddrPort]struct{}{}
 	if p == nil {
 		return out
 	}
 	sctp := p.Key.Protocol == portal.SCTP
-	for _, list := range [][]netip.AddrPort{p.ClusterEndpoints, p.LocalEndpoints} {
+	for _, list := range [][]netip.AddrPort{p.Serving, p.ClusterEndpoints, p.LocalEndpoints} {
 		for _, ep := range list {
 			if sctp {
 				ep = netip.AddrPortFrom(ep.Addr(), 0)
@@ -542,11 +570,12 @@ func (f *conntrackFilter) addChange(olds []*portal.Service, cur *portal.Service)
 
 // addPort adds one Service port's destinations when its change from the
 // versions olds (nil: the port did not exist) to c (nil: removed) can leave
-// stale entries: an endpoint of some version that c lacks (flows DNATed to
-// it), endpoints in c after a version without (flows recorded un-NATed
-// while none served), an address or NodePort of some version that c lacks.
+// stale entries: a serving endpoint of some version that c does not have
+// serving (flows DNATed to it), DNAT targets in c after a version without
+// (flows recorded un-NATed while none was a target), an address or
+// NodePort of some version that c lacks.
 func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
-	curEPs := endpointSet(c)
+	curEPs := servingSet(c)
 	curVIPs := map[ctVIP]bool{}
 	for _, v := range vipsOf(c) {
 		curVIPs[v] = true
@@ -562,9 +591,8 @@ func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
 		goneNPs        []uint16
 	)
 	for _, o := range olds {
-		oldEPs := endpointSet(o)
-		unserved = unserved || len(oldEPs) == 0 // includes created and re-created
-		for ep := range oldEPs {
+		unserved = unserved || !balanced(o) // includes created and re-created
+		for ep := range servingSet(o) {
 			if _, ok := curEPs[ep]; !ok {
 				lost = true
 				break
@@ -585,7 +613,7 @@ func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
 			goneNPs = append(goneNPs, o.NodePort)
 		}
 	}
-	became := len(curEPs) > 0 && unserved
+	became := balanced(c) && unserved
 	if either == nil || (!lost && !became && len(goneVIPs) == 0 && len(goneNPs) == 0) {
 		return
 	}
@@ -596,7 +624,7 @@ func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
 	} else {
 		f.v4 = true
 	}
-	cur := &ctTarget{endpoints: curEPs, serving: len(curEPs) > 0}
+	cur := &ctTarget{endpoints: curEPs, balanced: balanced(c)}
 	gone := &ctTarget{endpoints: map[netip.AddrPort]struct{}{}}
 	for v := range curVIPs {
 		f.addVIP(v, cur)
@@ -621,7 +649,7 @@ func (f *conntrackFilter) addPort(olds []*portal.Portal, c *portal.Portal) {
 // addVIP records t for v; a destination already recorded keeps its current
 // state (an address that moved between Services counts for its new one).
 func (f *conntrackFilter) addVIP(v ctVIP, t *ctTarget) {
-	if have, ok := f.vips[v]; ok && (have.serving || len(have.endpoints) > 0) {
+	if have, ok := f.vips[v]; ok && (have.balanced || len(have.endpoints) > 0) {
 		return
 	}
 	f.vips[v] = t
@@ -650,9 +678,9 @@ func (f *conntrackFilter) scopeSCTP(sctp iter.Seq[*portal.Service]) {
 				if !ok {
 					continue
 				}
-				eps := endpointSet(p)
+				eps := servingSet(p)
 				if len(eps) > 0 {
-					merged := &ctTarget{endpoints: map[netip.AddrPort]struct{}{}, serving: t.serving}
+					merged := &ctTarget{endpoints: map[netip.AddrPort]struct{}{}, balanced: t.balanced}
 					for ep := range t.endpoints {
 						merged.endpoints[ep] = struct{}{}
 					}

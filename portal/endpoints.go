@@ -21,12 +21,13 @@ type candidate struct {
 	zoneHints []string
 }
 
-// endpoints fills p.ClusterEndpoints and p.LocalEndpoints from the slices,
-// with kube-proxy's rules: ready endpoints; when none is ready, serving
-// terminating ones. Topology hints (topology.go) narrow the ready
-// endpoints of the Cluster policy, never the Local policy's, and only when
-// the port uses the Cluster policy at all: a port with
-// internalTrafficPolicy: Local and no external way in does not.
+// endpoints fills p.ClusterEndpoints, p.LocalEndpoints and p.Serving from
+// the slices, with kube-proxy's rules: ready endpoints; when none is
+// ready, serving terminating ones. Topology hints (topology.go) narrow the
+// ready endpoints of the Cluster policy, never the Local policy's, and
+// only when the port uses the Cluster policy at all: a port with
+// internalTrafficPolicy: Local and no external way in does not. Serving
+// is every ready or serving endpoint, narrowed by none of these.
 func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.EndpointSlice) {
 	cands := b.candidates(p, sp, eslices)
 	ready := func(c candidate) bool { return c.ready }
@@ -54,6 +55,7 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 	if p.ExternalLocal || p.InternalLocal {
 		p.LocalEndpoints = local
 	}
+	p.Serving = servingOf(cands, cluster)
 	p.Hairpin = hairpin(cands, p.ClusterEndpoints, p.LocalEndpoints)
 	if p.ExternalLocal || p.InternalLocal {
 		readyAddrs := map[netip.Addr]bool{}
@@ -64,6 +66,24 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 		}
 		p.LocalReady = len(readyAddrs)
 	}
+}
+
+// servingOf returns the candidates that are ready or serving. They hold
+// cluster, in the same order: when they are as many, they are cluster,
+// and its array is shared rather than a copy kept beside it for every
+// Service.
+func servingOf(cands []candidate, cluster []netip.AddrPort) []netip.AddrPort {
+	serving := func(c candidate) bool { return c.ready || c.serving }
+	n := 0
+	for _, c := range cands {
+		if serving(c) {
+			n++
+		}
+	}
+	if n == len(cluster) {
+		return cluster
+	}
+	return pick(cands, serving)
 }
 
 // hairpin returns the sorted, distinct addresses of the local candidates

@@ -302,7 +302,7 @@ func (t *Tracker) Snapshot() (*Snapshot, []time.Time) {
 				continue
 			}
 			delete(t.built, k)
-		} else if old.Equal(built) {
+		} else if old.Same(built) {
 			continue
 		} else {
 			t.built[k] = built

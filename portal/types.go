@@ -130,6 +130,15 @@ type Portal struct {
 	// LocalEndpoints are the endpoints on this node, chosen the same way
 	// among local ones; used by Local policies.
 	LocalEndpoints []netip.AddrPort
+	// Serving are all the endpoints that serve this port, sorted: ready,
+	// or serving and terminating, whatever topology, traffic policies and
+	// the choice between ready and terminating ones make of them; they
+	// include ClusterEndpoints and LocalEndpoints. A flow DNATed to one of
+	// them may stay on it across a change of the Service, as in
+	// kube-proxy. No backend programs them. When they are the same as
+	// ClusterEndpoints (every endpoint ready, no topology) the two share
+	// one array.
+	Serving []netip.AddrPort
 	// Topology says how topology hints narrowed ClusterEndpoints, for
 	// dump-rules: "node hints for <node>", "zone hints for <zone>", or
 	// "none: <why>"; "" when the Service neither asks for a traffic
@@ -147,7 +156,8 @@ type Portal struct {
 	LocalReady int
 }
 
-// Equal reports whether p and q program the same dataplane state.
+// Equal reports whether p and q program the same dataplane state: every
+// field but Serving, which no backend programs (Same compares it too).
 func (p *Portal) Equal(q *Portal) bool {
 	if p == q {
 		return true
@@ -165,6 +175,13 @@ func (p *Portal) Equal(q *Portal) bool {
 		slices.Equal(p.ClusterEndpoints, q.ClusterEndpoints) &&
 		slices.Equal(p.LocalEndpoints, q.LocalEndpoints) &&
 		slices.Equal(p.Hairpin, q.Hairpin)
+}
+
+// Same reports whether p and q are Equal and have the same Serving
+// endpoints: whether any reader of a Portal, the conntrack cleanup
+// included, can tell them apart.
+func (p *Portal) Same(q *Portal) bool {
+	return p.Equal(q) && (p == q || slices.Equal(p.Serving, q.Serving))
 }
 
 // HasExternal reports whether the portal can be reached from outside the
@@ -185,6 +202,14 @@ func (s *Service) Equal(t *Service) bool {
 		return s == t
 	}
 	return s.Key == t.Key && slices.EqualFunc(s.Portals, t.Portals, (*Portal).Equal)
+}
+
+// Same reports whether s and t are Equal and their portals the Same.
+func (s *Service) Same(t *Service) bool {
+	if s == nil || t == nil {
+		return s == t
+	}
+	return s.Key == t.Key && slices.EqualFunc(s.Portals, t.Portals, (*Portal).Same)
 }
 
 // Node is the node-level state the dataplane needs.

@@ -1,6 +1,7 @@
 package netns_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/nsutil"
@@ -47,6 +50,8 @@ func TestUDPConntrack(t *testing.T) {
 	run("ScaledToZeroSoonAfterEndpoints", testUDPScaledToZero(soon))
 	run("EndpointReplaced", testUDPEndpointReplaced)
 	run("EndpointGoneOthersRemain", testUDPEndpointGoneOthersRemain)
+	run("TerminatingServingKeepsFlow", testUDPTerminatingServingKeepsFlow)
+	run("InternalTrafficPolicyFlipKeepsFlow", testUDPInternalPolicyFlipKeepsFlow)
 }
 
 // flowDeadline bounds how long a running flow may take to follow a change.
@@ -294,6 +299,11 @@ func (f *udpFlow) answeredBy(t *testing.T, c *netns.Cluster, since time.Time) *n
 func (f *udpFlow) summary(since time.Time) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.summaryLocked(since)
+}
+
+// summaryLocked is summary with f.mu held.
+func (f *udpFlow) summaryLocked(since time.Time) string {
 	var parts []string
 	last, n := "", 0
 	flush := func() {
@@ -453,7 +463,6 @@ func testUDPScaledToZero(soon *cleanTrigger) func(*testing.T, *netns.Cluster, *l
 // The Service's only endpoint is replaced by another pod: the running
 // flows move to the new pod.
 func testUDPEndpointReplaced(t *testing.T, c *netns.Cluster, lat *latencies) {
-	ctx := ctxFor(t)
 	node := c.Nodes[1]
 	old, repl := c.Nodes[0].Pods[0], c.Nodes[0].Pods[1]
 	svc, flows := establish(t, c, udpService("udp-moved", v1.ServiceTypeNodePort), old, []flowSpec{
@@ -461,12 +470,19 @@ func testUDPEndpointReplaced(t *testing.T, c *netns.Cluster, lat *latencies) {
 		{"NodePort from the node", node.Netns, toNodePort(node)},
 		{"NodePort from the client", c.ClientNetns, toNodePort(node)},
 	}, nil)
-	if err := c.SetEndpoints(ctx, svc, netns.Ready(repl)); err != nil {
+	moveFlows(t, c, lat, svc, netns.Ready(repl), flows, repl, "endpoint replaced -> %s on the new pod")
+}
+
+// moveFlows gives svc the endpoints eps and waits until each flow reaches
+// pod, recording how long it took as what (with the flow's name).
+func moveFlows(t *testing.T, c *netns.Cluster, lat *latencies, svc *v1.Service, eps []netns.Endpoint, flows []*udpFlow, pod *netns.Pod, what string) {
+	t.Helper()
+	if err := c.SetEndpoints(ctxFor(t), svc, eps); err != nil {
 		t.Fatal(err)
 	}
-	replaced := time.Now()
+	changed := time.Now()
 	for _, f := range flows {
-		followed(t, lat, "endpoint replaced -> "+f.name+" on the new pod")(f.reaches(t, repl, replaced))
+		followed(t, lat, fmt.Sprintf(what, f.name))(f.reaches(t, pod, changed))
 	}
 }
 
@@ -521,4 +537,149 @@ func testUDPCreatedWhileSending(t *testing.T, c *netns.Cluster, lat *latencies) 
 	for _, f := range flows {
 		followed(t, lat, "Service created -> "+f.name+" reaches it")(f.reaches(t, target, since))
 	}
+}
+
+// The pod a flow runs to becomes terminating but still serving while
+// another is ready: new flows go to the ready pod, and the running ones,
+// through the cluster IP and a NodePort, stay on theirs until it stops
+// serving, as in kube-proxy (a TCP connection would stay too); then they
+// move.
+func testUDPTerminatingServingKeepsFlow(t *testing.T, c *netns.Cluster, lat *latencies) {
+	ctx := ctxFor(t)
+	node := c.Nodes[0]
+	pod, old, ready := node.Pods[0], c.Nodes[1].Pods[0], c.Nodes[1].Pods[1]
+	barrier := newCleanBarrier(t, c, "udp-barrier-drain", pod)
+	svc, flows := establish(t, c, udpService("udp-drain", v1.ServiceTypeNodePort), old, []flowSpec{
+		{"ClusterIP from a pod", pod.Netns, toClusterIP},
+		{"NodePort from the client", c.ClientNetns, toNodePort(node)},
+	}, nil)
+	vip, np := toClusterIP(svc), toNodePort(node)(svc)
+	if err := c.SetEndpoints(ctx, svc, netns.Ready(old, ready)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netns.WaitBackends(ctx, pod.Netns, "udp", vip, []*netns.Pod{old, ready}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetEndpoints(ctx, svc, []netns.Endpoint{{Pod: old, Terminating: true, Serving: true}, {Pod: ready}}); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	waitOnly(ctx, t, pod.Netns, vip, ready, changed)
+	waitOnly(ctx, t, c.ClientNetns, np, ready, changed)
+	passed := barrier.pass(t)
+	for _, f := range flows {
+		f.stays(t, old, changed, passed)
+	}
+	// It stops serving: new flows went to the ready pod already, so only
+	// what serves changes, and the running flows move.
+	moveFlows(t, c, lat, svc, []netns.Endpoint{{Pod: old, Terminating: true}, {Pod: ready}}, flows, ready,
+		"endpoint stops serving -> %s on the ready pod")
+}
+
+// A flow from a pod runs, under internalTrafficPolicy Local, to the only
+// endpoint on its node, which becomes terminating but still serving while
+// a pod on the other node is ready; then the policy flips to Cluster: new
+// flows go to the ready pod, and the running one stays on its pod, as in
+// kube-proxy, which keeps a flow to any serving endpoint whatever the
+// traffic policies.
+func testUDPInternalPolicyFlipKeepsFlow(t *testing.T, c *netns.Cluster, lat *latencies) {
+	ctx := ctxFor(t)
+	node := c.Nodes[0]
+	pod, local, ready := node.Pods[0], node.Pods[1], c.Nodes[1].Pods[0]
+	barrier := newCleanBarrier(t, c, "udp-barrier-itp", pod)
+	s := udpService("udp-itp", v1.ServiceTypeClusterIP)
+	s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+	svc, flows := establish(t, c, s, local, []flowSpec{{"ClusterIP from a pod", pod.Netns, toClusterIP}}, nil)
+	vip := toClusterIP(svc)
+	if err := c.SetEndpoints(ctx, svc, []netns.Endpoint{{Pod: local, Terminating: true, Serving: true}, {Pod: ready}}); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := c.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyCluster)
+	if _, err := c.Client.CoreV1().Services(svc.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	waitOnly(ctx, t, pod.Netns, vip, ready, changed)
+	passed := barrier.pass(t)
+	for _, f := range flows {
+		f.stays(t, local, changed, passed)
+	}
+}
+
+// waitOnly waits until fresh UDP requests from namespace from to addr are
+// answered by pod alone: the agent there has applied a change.
+func waitOnly(ctx context.Context, t *testing.T, from, addr string, pod *netns.Pod, since time.Time) {
+	t.Helper()
+	if _, err := netns.WaitBackends(ctx, from, "udp", addr, []*netns.Pod{pod}, since); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stays wants the flow answered by pod alone since since (a datagram lost
+// on the way does not count against it), and steadily after passed.
+func (f *udpFlow) stays(t *testing.T, pod *netns.Pod, since, passed time.Time) {
+	t.Helper()
+	if _, ok := f.waitStreak(t, "stay on "+pod.Name, passed, 5, func(o flowOutcome) bool { return o.pod == pod.Name }); !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, o := range f.outs {
+		if !o.at.Before(since) && (o.refused || o.pod != "" && o.pod != pod.Name) {
+			t.Errorf("flow %s left %s: outcomes since the change: %s", f.name, pod.Name, f.summaryLocked(since))
+			return
+		}
+	}
+}
+
+// cleanBarrier shows that a node's agent has walked its conntrack table
+// since a moment. A flow from a pod of the node runs to a Service of two
+// endpoints; pass takes away the endpoint it runs to and waits until the
+// flow reaches the other one, which only a walk of the table begun after
+// that change makes it do. Every change the agent applied before is
+// cleaned by then: a walk cleans all the changes applied since the last.
+type cleanBarrier struct {
+	c      *netns.Cluster
+	svc    *v1.Service
+	flow   *udpFlow
+	remain *netns.Pod
+}
+
+func newCleanBarrier(t *testing.T, c *netns.Cluster, name string, from *netns.Pod) *cleanBarrier {
+	t.Helper()
+	ctx := ctxFor(t)
+	var eps []*netns.Pod
+	for _, n := range c.Nodes[:2] {
+		if p := n.Pods[len(n.Pods)-1]; p != from {
+			eps = append(eps, p)
+		}
+	}
+	svc, since := expose(t, c, udpService(name, v1.ServiceTypeClusterIP), eps)
+	vip := toClusterIP(svc)
+	if _, err := netns.WaitBackends(ctx, from.Netns, "udp", vip, eps, since); err != nil {
+		t.Fatal(err)
+	}
+	f := startServedUDPFlow(t, "to "+name, from.Netns, vip)
+	gone := f.answeredBy(t, c, since)
+	remain := eps[0]
+	if remain == gone {
+		remain = eps[1]
+	}
+	return &cleanBarrier{c: c, svc: svc, flow: f, remain: remain}
+}
+
+// pass returns once the agent has walked its table after now, and when.
+func (b *cleanBarrier) pass(t *testing.T) time.Time {
+	t.Helper()
+	if err := b.c.SetEndpoints(ctxFor(t), b.svc, netns.Ready(b.remain)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.flow.reaches(t, b.remain, time.Now()); !ok {
+		t.FailNow()
+	}
+	return time.Now()
 }
