@@ -2,7 +2,6 @@ package difftest
 
 import (
 	"net/netip"
-	"slices"
 	"strings"
 )
 
@@ -32,19 +31,6 @@ var deliberate = []allowance{{
 // what differs; an entry goes when its fix lands (with its minimal case as
 // a regression test) or moves to deliberate.
 var knownDifferences = []allowance{{
-	Name: "trafficDistribution hints on a way in from outside",
-	Reason: "under investigation: with trafficDistribution set and externalTrafficPolicy Cluster, a NodePort or " +
-		"load-balancer IP reached, between runs of the same case, only the node's zone's pods under onehop and " +
-		"every zone's under kube-proxy (seed 5: from node-1, pod-1-2 only against pod-1-2 and pod-2-1)",
-	match: func(c *Case, d difference) bool {
-		s := c.service(d.Probe.To.Service)
-		way := d.Probe.To.Way
-		outside := strings.HasPrefix(way, "NodePort") || strings.HasPrefix(way, "load-balancer IP") || strings.HasPrefix(way, "externalIP")
-		return s != nil && s.Service.Spec.TrafficDistribution != nil && outside && d.Probe.To.Flow == "" &&
-			answersOnly(d.Outcomes[0]) && answersOnly(d.Outcomes[1]) &&
-			(subset(d.Outcomes[0], d.Outcomes[1]) || subset(d.Outcomes[1], d.Outcomes[0]))
-	},
-}, {
 	Name: "UDP flows whose pod leaves service",
 	Reason: "under investigation: a UDP flow open across a change that takes its pod out of service (the Service " +
 		"deleted or scaled to zero, the pod removed or terminating) keeps its pod under kube-proxy (the conntrack " +
@@ -97,23 +83,4 @@ func (c *Case) readyEndpoint(service, pod string) bool {
 		}
 	}
 	return false
-}
-
-func answersOnly(o outcome) bool {
-	for _, l := range o {
-		if !strings.Contains(l, " saw ") {
-			return false
-		}
-	}
-	return len(o) > 0
-}
-
-// subset reports whether every label of a is in b.
-func subset(a, b outcome) bool {
-	for _, l := range a {
-		if !slices.Contains(b, l) {
-			return false
-		}
-	}
-	return true
 }
