@@ -260,7 +260,7 @@ func (b *Backend) check(conn *nftables.Conn) error {
 		return fmt.Errorf("table inet %s holds %d objects, onehop left %d: changed by someone else", TableName, tb.Use, b.lastUse)
 	}
 	want := fixedRules(b.cfg)
-	for _, c := range []string{chainServices, chainNatPrerouting, chainNatPostrouting, chainNoEndpoints} {
+	for _, c := range []string{chainServices, chainNatPrerouting, chainNatPostrouting, chainNoEndpoints, chainNoEndpointsNP} {
 		rules, err := conn.GetRules(b.table, &nftables.Chain{Name: c, Table: b.table})
 		if err != nil {
 			return fmt.Errorf("chain %s: %w", c, err)

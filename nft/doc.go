@@ -123,14 +123,19 @@
 // Service, not one per port.
 //
 // Refusals: the filter chains reject new connections to a Service port
-// without endpoints before they reach a socket of the node.
+// without endpoints before they reach a socket of the node. Node ports are
+// checked on the way in only, as kube-proxy checks them: the node's own
+// datagram to its node port is refused when it comes back in through
+// loopback (a reject on output would fail the send with EPERM instead).
 //
-//	chain filter-input, chain filter-forward, chain filter-output (priority filter - 10): ct state new jump noep-check
+//	chain filter-input (priority filter - 10): ct state new jump noep-check; ct state new jump noep-nodeport-check
+//	chain filter-forward, chain filter-output (priority filter - 10): ct state new jump noep-check
 //	chain noep-check
 //	    ip daddr . meta l4proto . th dport vmap @noep4                                  (goto reject, or goto drop)
-//	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @noep-nodeports4
 //	    ip daddr @cluster-ips4 goto reject                                              (undefined port of a cluster IP)
 //	    ip daddr @service-cidrs4 counter drop                                           (unallocated cluster IP)
+//	chain noep-nodeport-check
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @noep-nodeports4
 //	chain reject
 //	    meta l4proto tcp reject with tcp reset
 //	    reject                                                                          (ICMP port unreachable)

@@ -20,6 +20,7 @@ const (
 	chainFilterOutput   = "filter-output"
 	chainServices       = "services"
 	chainNoEndpoints    = "noep-check"
+	chainNoEndpointsNP  = "noep-nodeport-check" // jumped to from filter-input only
 	chainReject         = "reject"
 	chainDrop           = "drop"
 )

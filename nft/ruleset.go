@@ -68,7 +68,7 @@ var baseChains = []chainSpec{
 	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, -10},
 }
 
-var regularChains = []string{chainServices, chainNoEndpoints, chainReject, chainDrop}
+var regularChains = []string{chainServices, chainNoEndpoints, chainNoEndpointsNP, chainReject, chainDrop}
 
 // fixedRules returns the rules of the fixed chains, by chain name, in order.
 func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
@@ -78,11 +78,14 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 	r[chainNatPrerouting] = jump(chainServices)
 	r[chainNatOutput] = jump(chainServices)
 	noep := [][]expr.Any{append(matchCtState(expr.CtStateBitNEW), verdict(expr.VerdictJump, chainNoEndpoints))}
-	r[chainFilterInput] = noep
+	// Node ports are checked on the way in only, as kube-proxy checks them
+	// (its nodeport-endpoints-check, from filter-input): the node's own
+	// datagram to its node port is refused there, not failed on output.
+	r[chainFilterInput] = [][]expr.Any{noep[0], append(matchCtState(expr.CtStateBitNEW), verdict(expr.VerdictJump, chainNoEndpointsNP))}
 	r[chainFilterForward] = noep
 	r[chainFilterOutput] = noep
 
-	var services, check [][]expr.Any
+	var services, check, checkNP [][]expr.Any
 	for _, f := range families {
 		fm := matchFamily(f)
 		if m := masqOutsideRule(cfg, f); m != nil {
@@ -105,7 +108,7 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 			cat(fm, []expr.Any{loadAddr(f, true, reg1),
 				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setPodDNAT(f)},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(f)), RegAddrMin: reg1}}))
-		check = append(check, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
+		checkNP = append(checkNP, cat(np, []expr.Any{vmap(setNoEndpointsNP(f))}))
 	}
 	for _, f := range families {
 		// Not DNATed and not in the no-endpoints maps: an undefined port of
@@ -118,6 +121,7 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 	}
 	r[chainServices] = services
 	r[chainNoEndpoints] = check
+	r[chainNoEndpointsNP] = checkNP
 	r[chainDrop] = [][]expr.Any{{counter(), verdict(expr.VerdictDrop, "")}}
 	r[chainReject] = [][]expr.Any{
 		cat(matchL4Proto(portal.TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}),

@@ -143,8 +143,9 @@ func (b *Backend) formatCfgKey() string {
 func (b *Backend) fixedTag(chain string) []byte {
 	if chain == chainNoEndpoints {
 		// Unallocated cluster IPs are matched by @service-cidrs<f>, no
-		// longer by prefixes in the rules.
-		return ruleTag(0, chain+"|"+b.cfgKey()+"|service-cidrs set")
+		// longer by prefixes in the rules; node ports are checked apart,
+		// from filter-input only (chainNoEndpointsNP).
+		return ruleTag(0, chain+"|"+b.cfgKey()+"|service-cidrs set|node ports apart")
 	}
 	return ruleTag(0, chain+"|"+b.cfgKey())
 }

@@ -125,6 +125,19 @@ func ask(t *testing.T, from *nsutil.NS, network, addr string, count int) (map[st
 	return seen, src
 }
 
+// newTopoWithoutEndpoints is a node with one pod and Service web synced:
+// cluster IP clusterIP and node port 30080, TCP and UDP, no endpoints.
+func newTopoWithoutEndpoints(t *testing.T) (*topo, *portal.Service) {
+	t.Helper()
+	tp := newTopo(t, 1)
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{clusterIP}
+		p.NodePort = 30080
+	})
+	tp.sync(t, snapshot(web), true)
+	return tp, web
+}
+
 // externalLocalService is a Service with externalTrafficPolicy: Local: a
 // cluster IP, node port 30080 and external IP extIP, endpoints pod1 and
 // pod2, of which the pods localIdx are on this node.

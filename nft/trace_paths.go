@@ -17,28 +17,29 @@ import (
 const maxTracePaths = 4096
 
 // runPath follows the packet through the hooks it meets: the nat and filter
-// chains where it enters, then, unless it is for this node, postrouting.
+// chains where it enters, then, unless it is for this node, postrouting. The
+// node's own packet to one of its addresses (not translated elsewhere) comes
+// back in through loopback: hook input follows postrouting.
 func (e *evalEnv) runPath(pkt tracePacket, fromNode bool, choices []int) *pathRun {
 	r := &pathRun{env: e, pkt: pkt.clone(), choices: choices}
 	if fromNode {
 		r.hook = "output"
-		if !r.runHook(*nftables.ChainHookOutput) {
-			return r
-		}
-	} else {
-		r.hook = "prerouting"
-		if !r.runHook(*nftables.ChainHookPrerouting) {
-			return r
-		}
-		if e.local(r.pkt.addr(true)) {
+		if r.runHook(*nftables.ChainHookOutput) && r.runHook(*nftables.ChainHookPostrouting) && e.local(r.pkt.addr(true)) {
 			r.runHook(*nftables.ChainHookInput)
-			return r
 		}
-		if !r.runHook(*nftables.ChainHookForward) {
-			return r
-		}
+		return r
 	}
-	r.runHook(*nftables.ChainHookPostrouting)
+	r.hook = "prerouting"
+	if !r.runHook(*nftables.ChainHookPrerouting) {
+		return r
+	}
+	if e.local(r.pkt.addr(true)) {
+		r.runHook(*nftables.ChainHookInput)
+		return r
+	}
+	if r.runHook(*nftables.ChainHookForward) {
+		r.runHook(*nftables.ChainHookPostrouting)
+	}
 	return r
 }
 
@@ -147,9 +148,9 @@ func (r *pathRun) meaning(chain, text string, rule *nftables.Rule, res ruleResul
 		r.check("externalTrafficPolicy: Local: this node's endpoints only, the client's source kept")
 	case isFirewallChain(chain) && res.kind == expr.VerdictDrop:
 		r.check("loadBalancerSourceRanges: %s is outside the ranges of chain %s: dropped", r.pkt.addr(false), chain)
-	case chain == chainNoEndpoints && res.chain == chainReject && has(isDispatchSet):
+	case (chain == chainNoEndpoints || chain == chainNoEndpointsNP) && res.chain == chainReject && has(isDispatchSet):
 		r.check("no endpoints: new connections are rejected")
-	case chain == chainNoEndpoints && res.chain == chainDrop:
+	case (chain == chainNoEndpoints || chain == chainNoEndpointsNP) && res.chain == chainDrop:
 		r.check("endpoints on other nodes only, under a Local traffic policy: new connections are dropped")
 	case chain == chainNoEndpoints && res.chain == chainReject:
 		r.check("a port the cluster IP does not define: rejected")

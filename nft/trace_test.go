@@ -301,12 +301,7 @@ func TestTraceSourceRanges(t *testing.T) {
 
 func TestTraceNoEndpoints(t *testing.T) {
 	t.Parallel()
-	tp := newTopo(t, 1)
-	web := service("web", func(p *portal.Portal) {
-		p.ClusterIPs = []netip.Addr{clusterIP}
-		p.NodePort = 30080
-	})
-	tp.sync(t, snapshot(web), true)
+	tp, _ := newTopoWithoutEndpoints(t)
 	for _, c := range []struct {
 		from *nsutil.NS
 		src  netip.Addr
@@ -316,6 +311,24 @@ func TestTraceNoEndpoints(t *testing.T) {
 		wantCheck(t, tr, "no endpoints: new connections are rejected")
 		if tr.Match == nil || tr.Match.Target != "goto reject" {
 			t.Errorf("want the no-endpoints element, got %+v", tr.Match)
+		}
+	}
+	// The node's own connection to its node port is refused on its way back
+	// in through loopback, as kube-proxy refuses it: a datagram too, which a
+	// reject on output would fail with EPERM instead.
+	for _, network := range []string{"tcp", "udp"} {
+		tr := agree(t, tp, tp.node, netip.Addr{}, network, nodeIP+":30080", 1)
+		wantCheck(t, tr, "no endpoints: new connections are rejected")
+		var rejectedAt string
+		for _, o := range tr.Outcomes {
+			for _, s := range append(slices.Clone(tr.Steps), o.Steps...) {
+				if s.Hook != "" {
+					rejectedAt = s.Hook
+				}
+			}
+		}
+		if rejectedAt != "input" {
+			t.Errorf("%s: want the node's own packet rejected at hook input, the trace ends at hook %q", network, rejectedAt)
 		}
 	}
 }
