@@ -16,7 +16,8 @@ import (
 
 // Environment variables of a longer or replayed run (make difftest).
 const (
-	// EnvCases is how many cases to run (default defaultCases).
+	// EnvCases is how many cases to run (default defaultCases; 0: the
+	// regression cases only).
 	EnvCases = "ONEHOP_DIFFTEST_CASES"
 	// EnvSeed is the first case's seed; case i has seed+i. Default: a fixed
 	// seed for the default number of cases, a random (printed) one when
@@ -31,7 +32,8 @@ const (
 	defaultSeed  = 1
 )
 
-// TestDifferential gives kube-proxy and onehop the same random cases and
+// TestDifferential gives kube-proxy and onehop the regression cases
+// (testdata/regressions, regress.go), then the same random cases, and
 // fails on every difference in what the probes see that is neither
 // deliberate nor known (allowed.go). A failing case is shrunk and printed
 // as YAML with the probes that differ.
@@ -55,6 +57,7 @@ func TestDifferential(t *testing.T) {
 		}
 	})
 	t.Logf("twins up in %v", time.Since(began).Round(time.Millisecond))
+	r.replayRegressions(ctx, t)
 
 	ran, changed, allowedSeen := 0, 0, map[string]int{}
 	compareStart := time.Now()
@@ -95,8 +98,8 @@ func runSize(t *testing.T) (seed uint64, cases int) {
 	seed, cases = defaultSeed, defaultCases
 	if s := os.Getenv(EnvCases); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("%s=%q: want a positive number", EnvCases, s)
+		if err != nil || n < 0 {
+			t.Fatalf("%s=%q: want a number, 0 for the regression cases only", EnvCases, s)
 		}
 		cases = n
 		seed = rand.Uint64N(1 << 32)
