@@ -21,8 +21,9 @@ const (
 )
 
 // generate draws a valid case from seed: 1 to 3 Services of type
-// ClusterIP, NodePort or LoadBalancer, each with 1 or 2 TCP or UDP ports
-// and 0 to 3 endpoints. Each feature is one draw below, so adding one is a
+// ClusterIP, NodePort or LoadBalancer, single-stack (IPv4 or IPv6) or
+// dual-stack (either family first), each with 1 or 2 TCP or UDP ports and
+// 0 to 3 endpoints. Each feature is one draw below, so adding one is a
 // line or two: the same seed gives the same case as long as the draws
 // before it are unchanged.
 func generate(seed uint64) *Case {
@@ -49,12 +50,15 @@ func (g *generator) service(name string) *ServiceCase {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: v1.ServiceSpec{
-			Type:       pick(g, v1.ServiceTypeClusterIP, v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer),
-			ClusterIP:  g.clusterIP().String(),
-			IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
+			Type: pick(g, v1.ServiceTypeClusterIP, v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer),
 		},
 	}
-	svc.Spec.ClusterIPs = []string{svc.Spec.ClusterIP}
+	policy, families := g.ipFamilies()
+	svc.Spec.IPFamilyPolicy, svc.Spec.IPFamilies = &policy, families
+	for _, f := range families {
+		svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, g.clusterIP(f).String())
+	}
+	svc.Spec.ClusterIP = svc.Spec.ClusterIPs[0]
 	s := &ServiceCase{Service: svc}
 	spec := &svc.Spec
 
@@ -95,24 +99,32 @@ func (g *generator) service(name string) *ServiceCase {
 		spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To(pick(g, int32(10800), 60, 1+g.r.Int32N(3600)))}}
 	}
 	if spec.Type == v1.ServiceTypeLoadBalancer {
-		s.Ingress = []string{g.externalIP(true).String()}
+		// A load balancer's IP per family, or of one family only.
+		ingress := families
+		if len(families) > 1 && g.chance(0.3) {
+			ingress = []v1.IPFamily{pick(g, families...)}
+		}
+		for _, f := range ingress {
+			s.Ingress = append(s.Ingress, g.externalIP(f, true).String())
+		}
 		if spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal {
 			spec.HealthCheckNodePort = g.nodePort()
 		}
 		if g.chance(0.3) {
-			spec.LoadBalancerSourceRanges = []string{pick(g,
-				netns.ClientIP().String()+"/32", // the outside client alone
-				"198.51.100.0/24",               // the client's segment
-				"10.244.0.0/16",                 // pods only
-				"192.0.2.0/24",                  // nodes only
-				"203.0.113.0/24",                // no vantage point
-			)}
+			spec.LoadBalancerSourceRanges = g.sourceRanges(families)
 		}
 	}
 	if g.chance(0.25) {
-		// Either half of the external range: the upper half is outside
-		// the agent's --external-ip-cidrs.
-		spec.ExternalIPs = []string{g.externalIP(g.chance(0.7)).String()}
+		// Either half of an external range: the upper half is outside
+		// the agent's --external-ip-cidrs. A dual-stack Service may have
+		// one of each family.
+		fs := []v1.IPFamily{pick(g, families...)}
+		if len(families) > 1 && g.chance(0.3) {
+			fs = families
+		}
+		for _, f := range fs {
+			spec.ExternalIPs = append(spec.ExternalIPs, g.externalIP(f, g.chance(0.7)).String())
+		}
 	}
 	if g.chance(0.05) {
 		svc.Labels = map[string]string{labelServiceProxyName: "another-proxy"}
@@ -164,14 +176,67 @@ func (g *generator) endpoint(p podRef) Endpoint {
 	}
 }
 
-// clusterIP draws an unused address of serviceBand.
-func (g *generator) clusterIP() netip.Addr {
+// ipFamilies draws a Service's ipFamilyPolicy and ipFamilies: single-stack
+// IPv4 or IPv6, or PreferDualStack or RequireDualStack with either family
+// first (the first is the Service's primary family: its spec.clusterIP).
+func (g *generator) ipFamilies() (v1.IPFamilyPolicy, []v1.IPFamily) {
+	v4, v6 := v1.IPv4Protocol, v1.IPv6Protocol
+	switch g.r.IntN(8) {
+	case 0, 1:
+		return v1.IPFamilyPolicySingleStack, []v1.IPFamily{v4}
+	case 2, 3:
+		return v1.IPFamilyPolicySingleStack, []v1.IPFamily{v6}
+	case 4:
+		return v1.IPFamilyPolicyPreferDualStack, []v1.IPFamily{v4, v6}
+	case 5:
+		return v1.IPFamilyPolicyPreferDualStack, []v1.IPFamily{v6, v4}
+	case 6:
+		return v1.IPFamilyPolicyRequireDualStack, []v1.IPFamily{v4, v6}
+	default:
+		return v1.IPFamilyPolicyRequireDualStack, []v1.IPFamily{v6, v4}
+	}
+}
+
+// sourceRanges draws loadBalancerSourceRanges of the Service's families:
+// a range per family, or for a dual-stack Service sometimes of one family
+// only (the other family's load-balancer IP is then open to all).
+func (g *generator) sourceRanges(families []v1.IPFamily) []string {
+	fs := families
+	if len(families) > 1 && g.chance(0.3) {
+		fs = []v1.IPFamily{pick(g, families...)}
+	}
+	var out []string
+	for _, f := range fs {
+		if f == v1.IPv6Protocol {
+			out = append(out, pick(g,
+				clientIP6().String()+"/128", // the outside client alone
+				netns.ClientCIDR6,           // the client's segment
+				netns.ClusterCIDR6,          // pods only
+				netns.NodeCIDR6,             // nodes only
+				netns.ExternalCIDR6,         // no vantage point
+			))
+			continue
+		}
+		out = append(out, pick(g,
+			netns.ClientIP().String()+"/32", // the outside client alone
+			netns.ClientCIDR,                // the client's segment
+			netns.ClusterCIDR,               // pods only
+			netns.NodeCIDR,                  // nodes only
+			netns.ExternalCIDR,              // no vantage point
+		))
+	}
+	return out
+}
+
+// clusterIP draws an unused address of family f's serviceBand.
+func (g *generator) clusterIP(f v1.IPFamily) netip.Addr {
+	band := serviceBand
+	if f == v1.IPv6Protocol {
+		band = serviceBand6
+	}
+	host := band.Addr().BitLen() - band.Bits()
 	for {
-		a := serviceBand.Addr().As4()
-		n := g.r.Uint32N(1<<(32-serviceBand.Bits())-2) + 1
-		a[2] |= byte(n >> 8)
-		a[3] = byte(n)
-		ip := netip.AddrFrom4(a)
+		ip := addHost(band.Addr(), g.r.Uint32N(1<<host-2)+1)
 		if !g.ips[ip] {
 			g.ips[ip] = true
 			return ip
@@ -179,15 +244,31 @@ func (g *generator) clusterIP() netip.Addr {
 	}
 }
 
-// externalIP draws an unused address of the external range, in the half
-// the agent allows or the other.
-func (g *generator) externalIP(allowed bool) netip.Addr {
+// addHost returns a with n added to its last 32 bits (n fits the host
+// part of a's prefix, which is all zeros).
+func addHost(a netip.Addr, n uint32) netip.Addr {
+	b := a.AsSlice()
+	l := len(b)
+	b[l-4] |= byte(n >> 24)
+	b[l-3] |= byte(n >> 16)
+	b[l-2] |= byte(n >> 8)
+	b[l-1] |= byte(n)
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}
+
+// externalIP draws an unused address of family f's external range, in
+// the half the agent allows or the other.
+func (g *generator) externalIP(f v1.IPFamily, allowed bool) netip.Addr {
 	for {
 		n := 1 + g.r.IntN(126)
-		if !allowed {
-			n += 128
+		ip := externalIP6(n, allowed)
+		if f == v1.IPv4Protocol {
+			if !allowed {
+				n += 128
+			}
+			ip = netns.ExternalIP(n)
 		}
-		ip := netns.ExternalIP(n)
 		if !g.ips[ip] {
 			g.ips[ip] = true
 			return ip

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -32,6 +33,39 @@ const (
 	parallelProbes = 16
 )
 
+// A TCP connection over IPv6 refused by an ICMPv6 error (kube-proxy's
+// reject) is refused only at the SYN's retransmission, a second later:
+// the first error reaches the client while connect() still holds the
+// socket, and the kernel drops it (TcpExtLockDroppedIcmps; ICMPv4 errors
+// are not dropped so). Each such request waits long enough to see the
+// second, so that "refused" is compared with "refused" (onehop's reset is
+// seen at once) and a drop still times out.
+const (
+	timeout6        = 1500 * time.Millisecond
+	recheckTimeout6 = 2500 * time.Millisecond
+)
+
+// requestWait returns how long a request of p waits for its answer: each, or for
+// TCP over IPv6 at least the retransmission's refusal (above).
+func requestWait(p probe, each time.Duration) time.Duration {
+	if p.To.Proto != "tcp" || !isIPv6(p.To.Addr) {
+		return each
+	}
+	if each > timeout {
+		return max(each, recheckTimeout6)
+	}
+	return max(each, timeout6)
+}
+
+func isIPv6(hostPort string) bool {
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Is6()
+}
+
 // outcome is what one probe saw over its tries, as a sorted set of labels:
 // "<pod>:<port> saw <source IP>" for each answer, "refused",
 // "unreachable", "timeout" or "error: ..." for each failure.
@@ -48,6 +82,7 @@ func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, gi
 	seen := map[string]bool{}
 	failures, answers := 0, 0
 	from := p.From.netns(tw)
+	each = requestWait(p, each)
 	for range n {
 		rctx, cancel := context.WithTimeout(ctx, each)
 		rep, err := tw.request(rctx, from, p.To.Proto, p.To.Addr, each)

@@ -3,7 +3,11 @@ package difftest
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 )
 
 // maxShrinkRuns and maxShrinkTime bound how many smaller cases shrinking
@@ -14,8 +18,8 @@ const (
 )
 
 // shrink looks for a smaller case that still shows a failing difference:
-// it drops one Service, one port, one endpoint or one optional feature at
-// a time, keeping each smaller case that still fails, until none does or
+// it drops one Service, one port, one endpoint or one optional feature (an
+// IP family of a dual-stack Service among them) at a time, keeping each smaller case that still fails, until none does or
 // maxShrinkRuns cases were tried. It returns the smallest failing case
 // and its differences.
 func (r *runner) shrink(ctx context.Context, c *Case, diffs []difference) (*Case, []difference, error) {
@@ -112,9 +116,41 @@ var optional = []struct {
 		s.Split, s.Duplicate = 0, false
 		return had
 	}},
+	{"IPv4 family", func(s *ServiceCase) bool { return s.dropFamily(v1.IPv4Protocol) }},
+	{"IPv6 family", func(s *ServiceCase) bool { return s.dropFamily(v1.IPv6Protocol) }},
 	{"labels", func(s *ServiceCase) bool {
 		had := len(s.Service.Labels) > 0
 		s.Service.Labels = nil
 		return had
 	}},
+}
+
+// dropFamily makes a dual-stack s single-stack of its other family: its
+// cluster IP, externalIPs, load-balancer IPs and source ranges of family f
+// go. It reports whether s was dual-stack.
+func (s *ServiceCase) dropFamily(f v1.IPFamily) bool {
+	spec := &s.Service.Spec
+	if len(spec.IPFamilies) < 2 {
+		return false
+	}
+	keep := func(ips []string) []string {
+		var out []string
+		for _, ip := range ips {
+			if a, err := netip.ParseAddr(ip); err == nil && family(a) != f {
+				out = append(out, ip)
+			} else if p, err := netip.ParsePrefix(ip); err == nil && family(p.Addr()) != f {
+				out = append(out, ip)
+			}
+		}
+		return out
+	}
+	for i, fam := range spec.IPFamilies {
+		if fam != f {
+			spec.IPFamilies, spec.ClusterIPs = []v1.IPFamily{fam}, []string{spec.ClusterIPs[i]}
+			break
+		}
+	}
+	spec.ClusterIP, spec.IPFamilyPolicy = spec.ClusterIPs[0], ptr.To(v1.IPFamilyPolicySingleStack)
+	spec.ExternalIPs, s.Ingress, spec.LoadBalancerSourceRanges = keep(spec.ExternalIPs), keep(s.Ingress), keep(spec.LoadBalancerSourceRanges)
+	return true
 }

@@ -3,6 +3,7 @@ package difftest
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -20,9 +21,11 @@ type vantage struct {
 }
 
 // vantages are the outside client, pod 1 of each node (an endpoint of some
-// Services, so hairpin traffic is probed too) and each node itself.
+// Services, so hairpin traffic is probed too) and each node itself. Each
+// has an address of each family; a probe's destination picks the source's.
 func vantages() []vantage {
-	out := []vantage{{Name: "outside client " + netns.ClientIP().String(), Outside: true, netns: func(tw *Twin) string { return tw.ClientNS }}}
+	client := fmt.Sprintf("outside client %s, %s", netns.ClientIP(), clientIP6())
+	out := []vantage{{Name: client, Outside: true, netns: func(tw *Twin) string { return tw.ClientNS }}}
 	for n := 1; n <= nodes; n++ {
 		p := podRef{n, 1}
 		out = append(out, vantage{Name: fmt.Sprintf("%s on %s", p.Name(), nodeName(n)), netns: func(tw *Twin) string { return tw.pod(p).Netns }})
@@ -70,10 +73,11 @@ func hostPort(ip string, port int32) string { return net.JoinHostPort(ip, strcon
 // undefinedPort is a port no generated Service defines.
 const undefinedPort = 7
 
-// targets lists every way into s: its cluster IP on each port and on a
-// port it does not define; for NodePort and LoadBalancer Services each
-// node's IP on each NodePort; its externalIPs and load-balancer ingress
-// IPs on each port.
+// targets lists every way into s: each of its cluster IPs (one per IP
+// family) on each port and on a port it does not define; for NodePort
+// and LoadBalancer Services each node's IPv4 and IPv6 address on each
+// NodePort (whatever the Service's families); its externalIPs and
+// load-balancer ingress IPs on each port.
 func (s *ServiceCase) targets() []target {
 	spec := s.Service.Spec
 	name := s.Service.Name
@@ -83,17 +87,21 @@ func (s *ServiceCase) targets() []target {
 			out[i].Sticky = spec.SessionAffinity == v1.ServiceAffinityClientIP
 		}
 	}()
-	for _, p := range spec.Ports {
-		out = append(out, target{Service: name, Port: p.Name, Way: "cluster IP", Proto: proto(p.Protocol), Addr: hostPort(spec.ClusterIP, p.Port)})
+	for _, ip := range spec.ClusterIPs {
+		for _, p := range spec.Ports {
+			out = append(out, target{Service: name, Port: p.Name, Way: "cluster IP", Proto: proto(p.Protocol), Addr: hostPort(ip, p.Port)})
+		}
+		out = append(out, target{Service: name, Way: "cluster IP, undefined port", Proto: proto(spec.Ports[0].Protocol), Addr: hostPort(ip, undefinedPort)})
 	}
-	out = append(out, target{Service: name, Way: "cluster IP, undefined port", Proto: proto(spec.Ports[0].Protocol), Addr: hostPort(spec.ClusterIP, undefinedPort)})
 	for _, p := range spec.Ports {
 		if p.NodePort == 0 {
 			continue
 		}
 		for n := 1; n <= nodes; n++ {
-			out = append(out, target{Service: name, Port: p.Name, Way: "NodePort on " + nodeName(n), Proto: proto(p.Protocol),
-				Addr: hostPort(nodeIP(n).String(), p.NodePort), Outside: true})
+			for _, ip := range []string{nodeIP(n).String(), nodeIP6(n).String()} {
+				out = append(out, target{Service: name, Port: p.Name, Way: "NodePort on " + nodeName(n), Proto: proto(p.Protocol),
+					Addr: hostPort(ip, p.NodePort), Outside: true})
+			}
 		}
 	}
 	for _, ip := range spec.ExternalIPs {
@@ -119,7 +127,7 @@ func (p probe) String() string { return fmt.Sprintf("from %s to %s", p.From.Name
 
 // probes lists every probe of c: each way in of each Service from every
 // vantage point that can be routed there, and an unallocated cluster IP
-// from inside.
+// of each family from inside.
 func (c *Case) probes() []probe { return c.probesWith(nil) }
 
 // probesWith is probes, and every way into the Services of gone too (the
@@ -135,7 +143,9 @@ func (c *Case) probesWith(gone []*ServiceCase) []probe {
 			ts = append(ts, t)
 		}
 	}
-	ts = append(ts, target{Way: "unallocated cluster IP", Proto: "tcp", Addr: hostPort(unallocatedIP.String(), 80)})
+	for _, ip := range []netip.Addr{unallocatedIP, unallocatedIP6} {
+		ts = append(ts, target{Way: "unallocated cluster IP", Proto: "tcp", Addr: hostPort(ip.String(), 80)})
+	}
 	var out []probe
 	for _, t := range ts {
 		for _, v := range vantages() {
