@@ -24,6 +24,19 @@ var deliberate = []allowance{{
 		return strings.HasPrefix(d.Probe.To.Way, "externalIP") &&
 			!inPrefix(d.Probe.To.Addr, allowedExternalCIDR) && !inPrefix(d.Probe.To.Addr, allowedExternalCIDR6)
 	},
+}, {
+	Name: "UDP flows that would outlive their Service",
+	Reason: "a UDP flow open while its Service is deleted, or through a NodePort of a Service left with no serving " +
+		"endpoint, keeps its pod under kube-proxy (it leaves the conntrack entry) and is cut under onehop (it " +
+		"deletes the entry): a UDP flow must not outlive its Service",
+	match: func(c *Case, d difference) bool {
+		to := d.Probe.To
+		if to.Proto != "udp" || to.Flow == "" || !d.Outcomes[0].equal(outcome{"kept its pod"}) {
+			return false
+		}
+		s := c.service(to.Service)
+		return s == nil || strings.HasPrefix(to.Way, "NodePort") && !s.serving()
+	},
 }}
 
 // knownDifferences lists differences the tester found that are not yet
@@ -31,15 +44,6 @@ var deliberate = []allowance{{
 // what differs; an entry goes when its fix lands (with its minimal case as
 // a regression test) or moves to deliberate.
 var knownDifferences = []allowance{{
-	Name: "UDP flows whose pod leaves service",
-	Reason: "under investigation: a UDP flow open across a change that takes its pod out of service (the Service " +
-		"deleted or scaled to zero, the pod removed or terminating) keeps its pod under kube-proxy (the conntrack " +
-		"entry stays) and times out, is refused or moves to another pod under onehop (it clears the entry)",
-	match: func(c *Case, d difference) bool {
-		return d.Probe.To.Proto == "udp" && d.Probe.To.Flow != "" && d.Outcomes[0].equal(outcome{"kept its pod"}) &&
-			!c.readyEndpoint(d.Probe.To.Service, d.Probe.To.Flow)
-	},
-}, {
 	Name: "UDP from a node to its own NodePort without endpoints",
 	Reason: "under investigation: a node's own UDP datagram to its NodePort of a Service with no endpoints is refused " +
 		"by kube-proxy (ICMP port unreachable) and dropped on output by onehop (the sender gets EPERM)",
@@ -70,15 +74,11 @@ func inPrefix(hostPort, prefix string) bool {
 	return err == nil && netip.MustParsePrefix(prefix).Contains(a)
 }
 
-// readyEndpoint reports whether pod is a ready endpoint of c's Service
-// named service (unset conditions count as ready).
-func (c *Case) readyEndpoint(service, pod string) bool {
-	s := c.service(service)
-	if s == nil {
-		return false
-	}
+// serving reports whether some endpoint of s serves (an unset condition
+// counts as serving, as kube-proxy reads it).
+func (s *ServiceCase) serving() bool {
 	for _, e := range s.Endpoints {
-		if e.Pod.Name() == pod && (e.Ready == nil || *e.Ready) {
+		if e.Serving == nil || *e.Serving {
 			return true
 		}
 	}

@@ -3,6 +3,7 @@ package difftest
 import (
 	"context"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -23,6 +24,10 @@ func TestMatrix(t *testing.T) {
 	testMatrix(t, startTwins)
 }
 
+// EnvMatrixProbes, set, logs every probe of the matrix with the oracle's
+// outcome and each twin's.
+const EnvMatrixProbes = "ONEHOP_MATRIX_PROBES"
+
 // twinStarter builds a pair of twins under dir.
 type twinStarter func(ctx context.Context, dir string, log *slog.Logger) (*runner, error)
 
@@ -40,6 +45,9 @@ func testMatrix(t *testing.T, start twinStarter) {
 	counts := map[cellStatus]int{}
 	for _, res := range results {
 		counts[res.Status]++
+		if os.Getenv(EnvMatrixProbes) != "" {
+			t.Logf("%s: %s", res.Status, res)
+		}
 		switch res.Status {
 		case cellKnown:
 			t.Logf("known: %s\n    %s: %s", res, res.Known.Name, res.Known.Reason)
