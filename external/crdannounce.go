@@ -170,6 +170,57 @@ func (a *announcer) l2Allows(ip netip.Addr, node string) bool {
 	return a.allows(a.rules.l2, ip, node)
 }
 
+// l2PicksIP says which L2 advertisements pick ip by its pools, a byte
+// each ('1' picks); "" when none limits L2 (every node may answer for
+// every address). l2PicksNode says which pick node by its labels.
+// l2Allows(ip, node) is true exactly when the two share a '1'
+// (picksShared): the owner index (l2owners.go) groups addresses by the
+// first and nodes by the second, and weighs no pair.
+func (a *announcer) l2PicksIP(ip netip.Addr) string {
+	if a == nil || a.rules == nil || len(a.rules.l2) == 0 {
+		return ""
+	}
+	pools, _ := a.poolsOf(ip)
+	b := make([]byte, len(a.rules.l2))
+	for i := range a.rules.l2 {
+		b[i] = pick(a.rules.l2[i].selectsAny(pools, a.rules.poolLabels))
+	}
+	return string(b)
+}
+
+func (a *announcer) l2PicksNode(node string) string {
+	if a == nil || a.rules == nil || len(a.rules.l2) == 0 {
+		return ""
+	}
+	nl := a.nodeLabels(node)
+	b := make([]byte, len(a.rules.l2))
+	for i := range a.rules.l2 {
+		b[i] = pick(a.rules.l2[i].selectsNode(nl))
+	}
+	return string(b)
+}
+
+func pick(ok bool) byte {
+	if ok {
+		return '1'
+	}
+	return '0'
+}
+
+// picksShared: an address picked by ipPicks may be answered for by a node
+// picked by nodePicks (both from the same advertisements).
+func picksShared(ipPicks, nodePicks string) bool {
+	if ipPicks == "" {
+		return true
+	}
+	for i := range min(len(ipPicks), len(nodePicks)) {
+		if ipPicks[i] == '1' && nodePicks[i] == '1' {
+			return true
+		}
+	}
+	return false
+}
+
 // announcer of the configuration's advertisements (nil without any
 // custom resources: everything is announced).
 func (p *parsed) announcer(nodeLabels func(string) labels.Set) *announcer {

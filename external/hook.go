@@ -72,6 +72,9 @@ type Hook struct {
 	starts  []providerStart
 	phealth providerHealth
 	wake    chan struct{}
+	// liveWake is signalled when only the nodes' liveness changed
+	// (livePoke): a takeover, looked at without the rest of the state.
+	liveWake chan struct{}
 
 	// The per-node part: this node's liveness Lease and its view of the
 	// others'.
@@ -178,7 +181,7 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 			return nil, err
 		}
 	}
-	h := &Hook{client: client, base: cfg, poolsChanged: make(chan struct{}, 1), role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
+	h := &Hook{client: client, base: cfg, poolsChanged: make(chan struct{}, 1), role: r, node: nodeName, log: log, wake: make(chan struct{}, 1), liveWake: make(chan struct{}, 1), refusedChanged: make(chan struct{}, 1),
 		programmed: map[served]programmed{}, identity: identity, registry: newRegistry(p),
 		watchdog: leaderelection.NewLeaderHealthzAdaptor(p.LeaderLease.Duration.Duration)}
 	h.cfg.Store(p)
@@ -307,6 +310,14 @@ func (h *Hook) podsPoke() {
 func (h *Hook) poke() {
 	select {
 	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// livePoke says that a node's liveness changed.
+func (h *Hook) livePoke() {
+	select {
+	case h.liveWake <- struct{}{}:
 	default:
 	}
 }

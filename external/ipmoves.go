@@ -23,32 +23,26 @@ const reasonIPMoved = "IPMoved"
 // kind).
 func holders(s *State, ip netip.Addr) []portal.ServiceKey {
 	var out []portal.ServiceKey
-	for _, t := range s.Targets {
-		if t.IP == ip && !t.Pod && !slices.Contains(out, t.Service) {
+	for _, t := range s.held(ip) {
+		if !t.Pod && !slices.Contains(out, t.Service) {
 			out = append(out, t.Service)
 		}
 	}
 	return out
 }
 
-// holdersByIP are the Services holding each IP of s, found in one pass.
-func holdersByIP(s *State) map[netip.Addr][]portal.ServiceKey {
-	out := map[netip.Addr][]portal.ServiceKey{}
-	byIP(s, func(ip netip.Addr, held []Target) { out[ip] = holders(&State{Targets: held}, ip) })
-	return out
-}
-
 // tookOver returns the IPs this node (s.Node) answers for now that it did
-// not before and that another node owned at the previous look (before:
-// each IP's owner then, nil at the first look, which reports nothing: a
-// node that starts has not seen the others answer), with that node.
-func tookOver(s *State, before map[netip.Addr]string, had, own []netip.Addr) map[netip.Addr]string {
+// not before (had) and that another node owned at the previous look
+// (before: an IP's owner then; nil at the first look, which reports
+// nothing: a node that starts has not seen the others answer), with that
+// node.
+func tookOver(s *State, before func(netip.Addr) string, had map[netip.Addr]bool, own []netip.Addr) map[netip.Addr]string {
 	out := map[netip.Addr]string{}
 	if before == nil {
 		return out
 	}
 	for _, ip := range own {
-		if prev := before[ip]; prev != "" && prev != s.Node && !slices.Contains(had, ip) {
+		if prev := before(ip); prev != "" && prev != s.Node && !had[ip] {
 			out[ip] = prev
 		}
 	}

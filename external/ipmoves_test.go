@@ -28,7 +28,15 @@ func TestTookOver(t *testing.T) {
 		{"new IP", map[netip.Addr]string{a: "node1"}, nil, []netip.Addr{c}, map[netip.Addr]string{}},
 		{"still answering", map[netip.Addr]string{a: "node1"}, []netip.Addr{a}, []netip.Addr{a}, map[netip.Addr]string{}},
 	} {
-		if got := tookOver(s, tc.before, tc.had, tc.own); !maps.Equal(got, tc.want) {
+		var before func(netip.Addr) string
+		if tc.before != nil {
+			before = func(ip netip.Addr) string { return tc.before[ip] }
+		}
+		had := map[netip.Addr]bool{}
+		for _, ip := range tc.had {
+			had[ip] = true
+		}
+		if got := tookOver(s, before, had, tc.own); !maps.Equal(got, tc.want) {
 			t.Errorf("%s: tookOver = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -72,13 +80,22 @@ func TestNextHopChanges(t *testing.T) {
 	}
 }
 
-// TestHoldersByIP: each IP's Services, each once; a pod's IP has none.
-func TestHoldersByIP(t *testing.T) {
+// TestHolders: each IP's Services, each once; a pod's IP has none; the
+// same with the targets indexed by IP.
+func TestHolders(t *testing.T) {
 	web, api := portal.ServiceKey{Namespace: "default", Name: "web"}, portal.ServiceKey{Namespace: "default", Name: "api"}
-	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
-	s := &State{Targets: []Target{{IP: a, Service: web}, {IP: a, Service: api}, {IP: a, Service: web}, {IP: b, Service: web, Pod: true}}}
-	got := holdersByIP(s)
-	if want := (map[netip.Addr][]portal.ServiceKey{a: {web, api}, b: nil}); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("holdersByIP = %v, want %v", got, want)
+	a, b, c := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")
+	s := &State{Targets: []Target{{IP: a, Service: web}, {IP: a, Service: api}, {IP: a, Service: web}, {IP: b, Service: web, Pod: true}, {IP: c, Service: api}}}
+	for _, indexed := range []bool{false, true} {
+		if indexed {
+			s.indexTargets()
+		}
+		got := map[netip.Addr][]portal.ServiceKey{}
+		for _, ip := range []netip.Addr{a, b, c} {
+			got[ip] = holders(s, ip)
+		}
+		if want := (map[netip.Addr][]portal.ServiceKey{a: {web, api}, b: nil, c: {api}}); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("indexed %v: holders = %v, want %v", indexed, got, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -88,14 +89,14 @@ func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
 	}
 }
 
-// probeTakeovers probes the IPs of own this node is about to take over
-// from a node judged dead (tookOver: not had, another node's at the last
-// look, before) and returns own without those a node still answers for.
-// That node is alive (heardFrom) and stays the IP's owner in owners; once
-// it is no longer heard, the next look probes again.
-func (c *l2Conflicts) probeTakeovers(s *State, before map[netip.Addr]string, had, own []netip.Addr, owners map[netip.Addr]string) []netip.Addr {
+// probeTakeovers probes the IPs this node is about to take over from a
+// node judged dead (took: each with the node that owned it at the last
+// look) and returns own without those a node still answers for. That node
+// is alive (heardFrom), and so the owner again if it outranks this one;
+// once it is no longer heard, the next look probes again.
+func (c *l2Conflicts) probeTakeovers(s *State, took map[netip.Addr]string, own []netip.Addr) []netip.Addr {
 	var ask []netip.Addr
-	for ip, from := range tookOver(s, before, had, own) {
+	for ip, from := range took {
 		if !s.Alive(from) {
 			ask = append(ask, ip)
 		}
@@ -103,6 +104,7 @@ func (c *l2Conflicts) probeTakeovers(s *State, before map[netip.Addr]string, had
 	if len(ask) == 0 || c.probe == nil {
 		return own
 	}
+	slices.SortFunc(ask, netip.Addr.Compare)
 	answers := c.probe(ask, probeWait)
 	if len(answers) == 0 {
 		return own
@@ -120,7 +122,6 @@ func (c *l2Conflicts) probeTakeovers(s *State, before map[netip.Addr]string, had
 		}
 		c.log.Debug("l2: a node whose Lease expired still answers for an IP; it keeps it", "ip", ip, "node", node, "mac", mac.String())
 		c.lv.heardFrom(node)
-		owners[ip] = before[ip]
 	}
 	return keep
 }

@@ -41,6 +41,40 @@ type State struct {
 	alive      func(node string) bool
 	// ann applies the advertisements (nil: everything is announced).
 	ann *announcer
+	// cluster are the nodes eligible under the Cluster policy, sorted:
+	// the Nodes of every Cluster-policy target share it.
+	cluster []string
+	// at indexes Targets by IP (indexTargets); nil in a State made by
+	// hand, which is then searched.
+	at map[netip.Addr]span
+}
+
+// span is a run of Targets, [from, to).
+type span struct{ from, to int }
+
+// indexTargets indexes s.Targets (sorted by IP) by IP.
+func (s *State) indexTargets() {
+	s.at = map[netip.Addr]span{}
+	from := 0
+	byIP(s, func(ip netip.Addr, held []Target) {
+		s.at[ip] = span{from, from + len(held)}
+		from += len(held)
+	})
+}
+
+// held are the targets of ip: one per Service holding it, or its Pod.
+func (s *State) held(ip netip.Addr) []Target {
+	if s.at != nil {
+		r := s.at[ip]
+		return s.Targets[r.from:r.to]
+	}
+	var out []Target
+	for _, t := range s.Targets {
+		if t.IP == ip {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // served names one Service's use of one address.
@@ -67,19 +101,21 @@ func (s *State) IPs() []netip.Addr {
 // would black-hole the others' clients), sorted.
 func (s *State) Eligible(ip netip.Addr) []string {
 	var out []string
-	first := true
-	for _, t := range s.Targets {
-		if t.IP != ip {
+	for i, t := range s.held(ip) {
+		if i == 0 {
+			out = slices.Clone(t.Nodes)
 			continue
 		}
-		if first {
-			out, first = slices.Clone(t.Nodes), false
-			continue
-		}
-		out = slices.DeleteFunc(out, func(n string) bool { return !slices.Contains(t.Nodes, n) })
+		out = slices.DeleteFunc(out, func(n string) bool { return !hasNode(t.Nodes, n) })
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// hasNode reports whether the sorted nodes hold node.
+func hasNode(nodes []string, node string) bool {
+	_, ok := slices.BinarySearch(nodes, node)
+	return ok
 }
 
 // Serves reports whether this node should announce ip now: for every holder
@@ -88,12 +124,9 @@ func (s *State) Eligible(ip netip.Addr) []string {
 // endpoint, under the Local policy).
 func (s *State) Serves(ip netip.Addr) bool {
 	found := false
-	for _, t := range s.Targets {
-		if t.IP != ip {
-			continue
-		}
+	for _, t := range s.held(ip) {
 		found = true
-		if !slices.Contains(t.Nodes, s.Node) {
+		if !hasNode(t.Nodes, s.Node) {
 			return false
 		}
 		if t.Pod {

@@ -57,65 +57,113 @@ func (p *bgpProvider) Update(_ context.Context, s *State) error {
 func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
 
 // l2Provider answers for the IPs this node owns: l2.Owner over the eligible
-// nodes whose agents are alive. When the live nodes of an IP change and
-// this node stays its owner, it announces the IP again: a node that starts
-// before it has seen the others' Leases may briefly claim an IP and
-// announce it, and only the owner's announcement puts clients right.
+// nodes whose agents are alive, kept by idx as the cluster changes
+// (l2owners.go). When the live nodes of an IP change and this node stays
+// its owner, it announces the IP again: a node that starts before it has
+// seen the others' Leases may briefly claim an IP and announce it, and
+// only the owner's announcement puts clients right.
 type l2Provider struct {
-	r    *l2.Responder
-	live map[netip.Addr]string // the live candidates of each owned IP, last seen
-	// owners are every IP's owner at the last look, and own what this
-	// node answered for then: an IP it takes over from another node is
-	// told to tookOver (an event on its Services).
-	owners   map[netip.Addr]string
-	own      []netip.Addr
+	r   l2Answerer
+	idx *l2Owners
+	// last is the state last told (Update), which a change of liveness
+	// alone (followLiveness) is looked at with.
+	last *State
+	// own is what this node answered for at the last look (nil before
+	// the first): an IP it takes over from another node is told to
+	// tookOver (an event on its Services).
+	own      map[netip.Addr]bool
 	tookOver func(ip netip.Addr, from string, svcs []portal.ServiceKey)
 	// conflicts keeps one node answering for an IP: a probe before a
 	// takeover, a yield or a defence on hearing another (l2conflict.go).
 	conflicts l2Conflicts
 }
 
+// l2Answerer is what the L2 provider tells which IPs to answer for: the
+// responder (*l2.Responder).
+type l2Answerer interface {
+	Set(ips []netip.Addr)
+	Reannounce(ips []netip.Addr)
+	Owned() []netip.Addr
+	Close()
+}
+
 func (p *l2Provider) Name() string { return "l2" }
 
 func (p *l2Provider) Update(_ context.Context, s *State) error {
 	p.conflicts.told(s)
-	var own, again []netip.Addr
-	live := map[netip.Addr]string{}
-	owners := map[netip.Addr]string{}
-	for _, ip := range s.IPs() {
-		owner, candidates := l2Owner(s, ip)
-		owners[ip] = owner
-		if owner == s.Node && s.Serves(ip) {
-			own = append(own, ip)
-			live[ip] = strings.Join(candidates, ",")
+	p.last = s
+	p.idx.update(s)
+	p.settle(s)
+	return nil
+}
+
+// followLiveness looks again when only the nodes' liveness changed (a
+// Lease expired or came back, a node was heard): the cost of a takeover
+// is then what moved (l2Owners), not the cluster's size.
+func (p *l2Provider) followLiveness() {
+	if p.last == nil {
+		return
+	}
+	p.idx.syncLiveness(p.last.Alive)
+	p.settle(p.last)
+}
+
+// settle tells the responder what this node answers for now that the
+// index moved what it moved, probing first for the IPs it takes over
+// from a node judged dead.
+func (p *l2Provider) settle(s *State) {
+	m := p.idx.take()
+	var before func(netip.Addr) string
+	if p.own != nil {
+		before = func(ip netip.Addr) string {
+			if was, ok := m.owners[ip]; ok {
+				return was
+			}
+			return p.idx.owner(ip)
 		}
 	}
-	if kept := p.conflicts.probeTakeovers(s, p.owners, p.own, own, owners); len(kept) < len(own) {
-		// A node heard answering a probe is alive now: the candidates
-		// are those of the next look, so that a node heard again each
-		// lease duration does not make this one announce its IPs again.
-		own, live = kept, map[netip.Addr]string{}
-		for _, ip := range own {
-			_, candidates := l2Owner(s, ip)
-			live[ip] = strings.Join(candidates, ",")
+	own := p.owned(s)
+	took := tookOver(s, before, p.own, own)
+	if kept := p.conflicts.probeTakeovers(s, took, own); len(kept) < len(own) {
+		// The nodes heard answering a probe are alive now: that is
+		// taken at once, as part of this look, so that a node heard
+		// again each lease duration does not make this one announce
+		// its IPs again, and this node does not take what they answer
+		// for.
+		p.idx.syncLiveness(s.Alive)
+		m.then(p.idx.take())
+		keep := map[netip.Addr]bool{}
+		for _, ip := range kept {
+			keep[ip] = true
 		}
+		own = slices.DeleteFunc(p.owned(s), func(ip netip.Addr) bool { return took[ip] != "" && !keep[ip] })
+		took = tookOver(s, before, p.own, own)
 	}
+	var again []netip.Addr
+	changed := p.idx.changedGroups(m)
 	for _, ip := range own {
-		if prev, ok := p.live[ip]; ok && prev != live[ip] {
+		if p.own[ip] && (m.regrouped[ip] || changed[p.idx.ips[ip].group]) {
 			again = append(again, ip)
 		}
 	}
 	p.r.Set(own)
 	p.r.Reannounce(again)
-	p.live = live
-	if took := tookOver(s, p.owners, p.own, own); len(took) > 0 && p.tookOver != nil {
-		svcs := holdersByIP(s)
+	if p.tookOver != nil {
 		for ip, from := range took {
-			p.tookOver(ip, from, svcs[ip])
+			p.tookOver(ip, from, holders(s, ip))
 		}
 	}
-	p.owners, p.own = owners, own
-	return nil
+	p.own = make(map[netip.Addr]bool, len(own))
+	for _, ip := range own {
+		p.own[ip] = true
+	}
+}
+
+// owned are the IPs this node owns and serves, sorted.
+func (p *l2Provider) owned(s *State) []netip.Addr {
+	own := slices.DeleteFunc(p.idx.ownedBy(s.Node), func(ip netip.Addr) bool { return !s.Serves(ip) })
+	slices.SortFunc(own, netip.Addr.Compare)
+	return own
 }
 
 func l2Owner(s *State, ip netip.Addr) (string, []string) {
@@ -371,7 +419,7 @@ func (h *Hook) startL2(context.Context) (Provider, error) {
 	// again (reload) keeps it, and its Lease.
 	if h.liveness == nil {
 		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
-		h.liveness = newLiveness(h.client, cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.poke)
+		h.liveness = newLiveness(h.client, cfg.LeaseNamespace, h.node, sec(c.LeaseRenewSeconds), sec(c.LeaseDurationSeconds), h.log, h.livePoke)
 		// Back from an outage or a partition: the others may have taken
 		// this node's IPs meanwhile; announcing them again moves clients back.
 		h.liveness.resumed = func() {
@@ -384,7 +432,7 @@ func (h *Hook) startL2(context.Context) (Provider, error) {
 		}
 		h.liveness.linkAddrs = h.l2LinkAddrs
 	}
-	p := &l2Provider{r: r, tookOver: h.l2TookOver, conflicts: l2Conflicts{announce: r.Reannounce, probe: r.Probe, lv: h.liveness, poke: h.poke, log: h.log}}
+	p := &l2Provider{r: r, idx: newL2Owners(), tookOver: h.l2TookOver, conflicts: l2Conflicts{announce: r.Reannounce, probe: r.Probe, lv: h.liveness, poke: h.poke, log: h.log}}
 	r.OnConflict(p.conflicts.heard)
 	return p, nil
 }

@@ -3,6 +3,7 @@ package external
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -126,9 +127,9 @@ func (h *Hook) Run(ctx context.Context) error {
 		return err
 	}
 	// Every change the hook acts on comes with a poke (informer events,
-	// what the dataplane serves, leadership, a node's first or last Lease,
-	// a dead node's Lease renewed again) except one: a node whose Lease
-	// renewals stop. For that the hook
+	// what the dataplane serves, leadership; livePoke for a node's first
+	// or last Lease, a dead node's Lease renewed again, a node heard)
+	// except one: a node whose Lease renewals stop. For that the hook
 	// sleeps until the earliest moment one could expire (nextChange), not
 	// on a fixed tick, so an idle node computes nothing.
 	// A burst of changes (endpoint churn, every sync of the dataplane) is
@@ -152,7 +153,7 @@ func (h *Hook) Run(ctx context.Context) error {
 	retry.Stop()
 	var backoff time.Duration
 	var looked time.Time
-	pending := false
+	pending, livePending := false, false
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -160,8 +161,10 @@ func (h *Hook) Run(ctx context.Context) error {
 			continue
 		case <-h.wake:
 			pending = true
+		case <-h.liveWake:
+			livePending = true
 		case <-expiry.C:
-			pending = true
+			livePending = true
 		case <-retry.C:
 			pending = true
 		case <-startRetry.C:
@@ -176,6 +179,18 @@ func (h *Hook) Run(ctx context.Context) error {
 			pending = true
 		case <-throttle.C:
 		}
+		// A change of liveness alone (a Lease expired, came back, a node
+		// was heard) is looked at at once, and by the providers that
+		// follow it alone (followsLiveness): the rest of the state did
+		// not change. Providers of the caller's are told a whole state.
+		if livePending && len(h.extra) == 0 {
+			livePending = false
+			h.nextExpiry(expiry)
+			h.followLiveness()
+		}
+		if livePending {
+			pending, livePending = true, false
+		}
 		if !pending {
 			continue
 		}
@@ -184,13 +199,7 @@ func (h *Hook) Run(ctx context.Context) error {
 			continue
 		}
 		pending, looked = false, time.Now()
-		if h.liveness != nil {
-			if next := h.liveness.nextChange(); !next.IsZero() {
-				expiry.Reset(time.Until(next) + time.Millisecond)
-			} else {
-				expiry.Stop()
-			}
-		}
+		h.nextExpiry(expiry)
 		if err := startAll(); err != nil {
 			return err
 		}
@@ -248,6 +257,36 @@ func (h *Hook) Run(ctx context.Context) error {
 	return nil
 }
 
+// followsLiveness is a provider that can be told of a change of the
+// nodes' liveness alone, without a new state (the L2 provider).
+type followsLiveness interface {
+	followLiveness()
+}
+
+// followLiveness tells the providers that follow liveness alone that it
+// changed.
+func (h *Hook) followLiveness() {
+	for _, p := range h.providers {
+		if f, ok := p.(followsLiveness); ok {
+			f.followLiveness()
+			h.observeAnnounced(p)
+		}
+	}
+}
+
+// nextExpiry sets expiry for the earliest moment a node alive now could
+// be judged dead (liveness.nextChange).
+func (h *Hook) nextExpiry(expiry *time.Timer) {
+	if h.liveness == nil {
+		return
+	}
+	if next := h.liveness.nextChange(); !next.IsZero() {
+		expiry.Reset(time.Until(next) + time.Millisecond)
+	} else {
+		expiry.Stop()
+	}
+}
+
 // The back-off of a provider's failed start or update: retryFirst,
 // doubling up to retryMax.
 const (
@@ -298,17 +337,24 @@ func (h *Hook) idle() bool {
 }
 
 // fingerprint: providers are called again only when something they can see
-// changed (including liveness and what this node serves).
+// changed (including liveness and what this node serves). It grows with
+// the targets and with the nodes, not with their product: the nodes of the
+// Cluster policy are written once, each node's liveness once, and the L2
+// advertisements as which of them pick each address and each node.
 func fingerprint(s *State) string {
-	b := fmt.Appendf(nil, "%v|", s.Leader)
+	b := fmt.Appendf(nil, "%v|%v|", s.Leader, s.cluster)
 	for _, t := range s.Targets {
-		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, t.Nodes, t.HealthCheckNodePort, t.Ports)
+		var nodes any = t.Nodes
+		if len(t.Nodes) > 0 && sameNodes(t.Nodes, s.cluster) {
+			nodes = "cluster"
+		}
+		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, nodes, t.HealthCheckNodePort, t.Ports)
 	}
 	for _, ip := range s.IPs() {
-		b = fmt.Appendf(b, "%s:%v:%v:", ip, s.Serves(ip), s.ann.bgpRoutes(ip, s.Node))
-		for _, n := range s.Eligible(ip) {
-			b = fmt.Appendf(b, "%s=%v%v,", n, s.Alive(n), s.ann.l2Allows(ip, n))
-		}
+		b = fmt.Appendf(b, "%s:%v:%v:%s;", ip, s.Serves(ip), s.ann.bgpRoutes(ip, s.Node), s.ann.l2PicksIP(ip))
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.NodeAddresses)) {
+		b = fmt.Appendf(b, "%s=%v%s,", n, s.Alive(n), s.ann.l2PicksNode(n))
 	}
 	b = fmt.Appendf(b, "%v", s.NodeAddresses)
 	return string(b)

@@ -76,8 +76,10 @@ func (h *Hook) state() *State {
 	if leader {
 		h.report(own.refusals)
 	}
-	st := &State{Node: h.node, Leader: leader, Targets: targets(in), NodeAddresses: map[string][]netip.Addr{},
-		programmed: prog, podIPs: podIPs}
+	tgs, cluster := targetsAndCluster(in)
+	st := &State{Node: h.node, Leader: leader, Targets: tgs, NodeAddresses: map[string][]netip.Addr{},
+		programmed: prog, podIPs: podIPs, cluster: cluster}
+	st.indexTargets()
 	for _, n := range in.nodes {
 		st.NodeAddresses[n.Name] = h.nodeAddrs(n.Name)
 	}

@@ -23,7 +23,8 @@ type Target struct {
 	// endpoint serve.
 	Local               bool
 	HealthCheckNodePort uint16
-	// Nodes should receive the IP's traffic, sorted by name.
+	// Nodes should receive the IP's traffic, sorted by name. Targets
+	// share it (read it, never change it).
 	Nodes []string
 }
 
@@ -81,6 +82,14 @@ type targetInput struct {
 // that are allowed and not held by someone else, and pod external IPs. A
 // Service that merely names an address another holds gets no target for it.
 func targets(in targetInput) []Target {
+	out, _ := targetsAndCluster(in)
+	return out
+}
+
+// targetsAndCluster is targets, and the nodes eligible under the Cluster
+// policy (sorted), which the Nodes of every Cluster-policy target share:
+// one slice, not one copy per IP.
+func targetsAndCluster(in targetInput) ([]Target, []string) {
 	nodes := map[string]*corev1.Node{}
 	var cluster []string
 	for _, n := range in.nodes {
@@ -146,7 +155,7 @@ func targets(in targetInput) []Target {
 			out = append(out, Target{
 				IP: ip, Service: k, Ports: req.Ports, Local: local,
 				HealthCheckNodePort: uint16(svc.Spec.HealthCheckNodePort),
-				Nodes:               slices.Clone(serving),
+				Nodes:               serving,
 			})
 		}
 	}
@@ -163,7 +172,7 @@ func targets(in targetInput) []Target {
 		}
 		return compareKey(a.Service, b.Service)
 	})
-	return out
+	return out, cluster
 }
 
 func compareKey(a, b portal.ServiceKey) int {
