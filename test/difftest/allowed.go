@@ -43,15 +43,7 @@ var deliberate = []allowance{{
 // fixed or decided. Each reason starts "under investigation:" and says
 // what differs; an entry goes when its fix lands (with its minimal case as
 // a regression test) or moves to deliberate.
-var knownDifferences = []allowance{{
-	Name: "UDP from a node to its own NodePort without endpoints",
-	Reason: "under investigation: a node's own UDP datagram to its NodePort of a Service with no endpoints is refused " +
-		"by kube-proxy (ICMP port unreachable) and dropped on output by onehop (the sender gets EPERM)",
-	match: func(_ *Case, d difference) bool {
-		return d.Probe.From.Node && d.Probe.To.Proto == "udp" && strings.HasPrefix(d.Probe.To.Way, "NodePort") &&
-			d.Outcomes[0].equal(outcome{"refused"}) && d.Outcomes[1].equal(outcome{"error: operation not permitted"})
-	},
-}}
+var knownDifferences = []allowance{}
 
 // allowed returns the allowance d falls under, or nil.
 func allowed(c *Case, d difference) *allowance {
