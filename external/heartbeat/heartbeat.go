@@ -1,0 +1,216 @@
+package heartbeat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// DefaultPort is the UDP port heartbeats are sent to and from: one above
+// MetalLB's memberlist (7946), so both can run on a node while moving
+// from MetalLB.
+const DefaultPort = 7947
+
+// Defaults of Config.
+const (
+	DefaultInterval = 100 * time.Millisecond
+	DefaultMissed   = 3
+)
+
+// Config is one node's heartbeat.
+type Config struct {
+	// Node names this node in its datagrams.
+	Node string
+	// Incarnation must grow with each start of the agent (the start
+	// time in nanoseconds).
+	Incarnation uint64
+	// Key authenticates the datagrams; every node must share it.
+	Key []byte
+	// Bind is the node's address and the port; the datagrams are sent
+	// from it, to the same port on each peer.
+	Bind netip.AddrPort
+	// Interval between two datagrams to each peer (DefaultInterval), and
+	// how many a peer may miss before it is dead (DefaultMissed).
+	Interval time.Duration
+	Missed   int
+}
+
+// Heartbeat sends this node's datagrams and follows its peers'.
+type Heartbeat struct {
+	cfg     Config
+	conn    *net.UDPConn
+	log     *slog.Logger
+	changed func()
+
+	mu      sync.Mutex
+	peers   *Peers
+	targets map[string]netip.AddrPort
+	bySrc   map[netip.Addr]string
+	seq     uint64
+	// up says whether this node may send (its L2 links are up); nil: always.
+	up func() bool
+	// said is when a rejected datagram of each source was last logged.
+	said map[netip.Addr]time.Time
+}
+
+// Listen binds cfg.Bind. changed is called (from Run's goroutines) when a
+// peer becomes alive or dead.
+func Listen(cfg Config, log *slog.Logger, changed func()) (*Heartbeat, error) {
+	if len(cfg.Key) == 0 {
+		return nil, errors.New("heartbeat: no key")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Missed <= 0 {
+		cfg.Missed = DefaultMissed
+	}
+	if _, err := Encode(cfg.Key, Message{Node: cfg.Node}); err != nil {
+		return nil, err
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(cfg.Bind))
+	if err != nil {
+		return nil, fmt.Errorf("heartbeat: %w", err)
+	}
+	return &Heartbeat{cfg: cfg, conn: conn, log: log, changed: changed,
+		peers: NewPeers(time.Duration(cfg.Missed) * cfg.Interval), targets: map[string]netip.AddrPort{},
+		bySrc: map[netip.Addr]string{}, said: map[netip.Addr]time.Time{}}, nil
+}
+
+// Timeout is how long a peer stays alive after its last datagram.
+func (h *Heartbeat) Timeout() time.Duration { return time.Duration(h.cfg.Missed) * h.cfg.Interval }
+
+// SetUp makes this node send only while up says so (nil: always).
+func (h *Heartbeat) SetUp(up func() bool) {
+	h.mu.Lock()
+	h.up = up
+	h.mu.Unlock()
+}
+
+// SetPeers makes these nodes, at these addresses, the peers; those of
+// another address family than the bound address are left out. A peer's
+// datagrams are taken only from its address.
+func (h *Heartbeat) SetPeers(addrs map[string]netip.Addr) {
+	family := h.cfg.Bind.Addr().Unmap().Is4()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.targets)
+	clear(h.bySrc)
+	var names []string
+	for n, a := range addrs {
+		a = a.Unmap()
+		if n == h.cfg.Node || !a.IsValid() || a.Is4() != family {
+			continue
+		}
+		h.targets[n] = netip.AddrPortFrom(a, h.cfg.Bind.Port())
+		h.bySrc[a] = n
+		names = append(names, n)
+	}
+	h.peers.SetMembers(names)
+}
+
+// Alive is node's heartbeat liveness now (Peers.State).
+func (h *Heartbeat) Alive(node string) (alive, known bool, last time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.peers.State(node, time.Now())
+}
+
+// Run sends and receives until ctx ends, then tells the peers this node
+// leaves and closes the socket.
+func (h *Heartbeat) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(h.receive)
+	send := time.NewTicker(h.cfg.Interval)
+	defer send.Stop()
+	// A peer is found dead within a quarter interval of its timeout.
+	check := time.NewTicker(h.cfg.Interval / 4)
+	defer check.Stop()
+	h.send(false)
+	for {
+		select {
+		case <-ctx.Done():
+			h.send(true)
+			_ = h.conn.Close()
+			wg.Wait()
+			return
+		case <-send.C:
+			h.send(false)
+		case <-check.C:
+			h.mu.Lock()
+			dead := h.peers.Expire(time.Now())
+			h.mu.Unlock()
+			if len(dead) > 0 {
+				h.log.Info("l2 heartbeat: peers missed their heartbeats", "nodes", dead, "timeout", h.Timeout())
+				h.changed()
+			}
+		}
+	}
+}
+
+// send sends one datagram to every peer, unless this node may not send.
+func (h *Heartbeat) send(leaving bool) {
+	h.mu.Lock()
+	if h.up != nil && !h.up() && !leaving {
+		h.mu.Unlock()
+		return
+	}
+	h.seq++
+	b, err := Encode(h.cfg.Key, Message{Node: h.cfg.Node, Incarnation: h.cfg.Incarnation, Seq: h.seq, Leaving: leaving})
+	to := make([]netip.AddrPort, 0, len(h.targets))
+	for _, a := range h.targets {
+		to = append(to, a)
+	}
+	h.mu.Unlock()
+	if err != nil {
+		return
+	}
+	for _, a := range to {
+		// A peer that is down makes the kernel answer with errors
+		// (ICMP unreachable): its missing datagrams say it already.
+		_, _ = h.conn.WriteToUDPAddrPort(b, a)
+	}
+}
+
+func (h *Heartbeat) receive() {
+	buf := make([]byte, MaxSize+1)
+	for {
+		n, from, err := h.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue // an ICMP error of an earlier send
+		}
+		src := from.Addr().Unmap()
+		m, err := Decode(h.cfg.Key, buf[:n])
+		now := time.Now()
+		h.mu.Lock()
+		changed := false
+		if err == nil {
+			if h.bySrc[src] != m.Node {
+				err = fmt.Errorf("heartbeat: %s sent from %s, which is not its address", m.Node, src)
+			} else {
+				changed, err = h.peers.Accept(m, now)
+			}
+		}
+		say := err != nil && !errors.Is(err, ErrReplay) && now.Sub(h.said[src]) >= time.Minute
+		if say {
+			h.said[src] = now
+		}
+		h.mu.Unlock()
+		if say {
+			// Most often a key that differs between nodes: that peer is
+			// then judged by its Lease.
+			h.log.Warn("l2 heartbeat: datagram refused (logged once a minute per source)", "from", src, "err", err)
+		}
+		if changed {
+			h.changed()
+		}
+	}
+}
