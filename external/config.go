@@ -168,6 +168,11 @@ func (c Config) parse() (*parsed, error) {
 	if p.LeaderLease.RetryPeriod.Duration <= 0 {
 		return nil, fmt.Errorf("leaderLease: duration %v is too short to elect a leader", p.LeaderLease.Duration)
 	}
+	if c.L2 != nil {
+		if err := c.L2.Heartbeat.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	for _, pc := range c.Pools {
 		pool, err := pc.pool()
 		if err != nil {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/onehop/onehop/external/heartbeat"
 	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/portal"
@@ -80,6 +81,9 @@ type Hook struct {
 	// others'.
 	leaseInf informers.SharedInformerFactory
 	liveness *liveness
+	// beats are the heartbeats between the L2 nodes (l2heartbeat.go;
+	// nil while off), guarded by mu.
+	beats *heartbeat.Heartbeat
 
 	// Events (a node's on its Node object, the cluster-wide part's on
 	// Services), the cluster-wide part's webhook sender, and the name it

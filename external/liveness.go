@@ -81,6 +81,14 @@ type liveness struct {
 	// responder answers with; renewals publish them (livenessheard.go).
 	linkAddrs func() []string
 
+	// beats, when set, is the other nodes' liveness by heartbeats on
+	// the node network, which decides over the Leases for every node it
+	// has heard (l2heartbeat.go); linkUp, when set, says whether this
+	// node's L2 links are up: while they are not, this node is not alive
+	// and does not renew its Lease.
+	beats  heartbeats
+	linkUp func() bool
+
 	mu   sync.Mutex
 	seen map[string]observed
 	// ownRenew is this incarnation's last successful renewal (zero: none
@@ -99,6 +107,13 @@ type liveness struct {
 	// heardSaid: the Lease version at which a node was last said to be
 	// heard while its Lease expired (logged once per version).
 	heardSaid map[string]string
+}
+
+// heartbeats is a node's liveness by heartbeats (heartbeat.Heartbeat):
+// known once one of its heartbeats was taken, then alive while the last
+// one, at last, is recent enough.
+type heartbeats interface {
+	Alive(node string) (alive, known bool, last time.Time)
 }
 
 type observed struct {
@@ -215,6 +230,18 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
+// members are the nodes whose Leases this node sees, itself included: the
+// peers of its heartbeats.
+func (l *liveness) members() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.seen))
+	for n := range l.seen {
+		out = append(out, n)
+	}
+	return out
+}
+
 func (l *liveness) forget(name string) {
 	node, ok := strings.CutPrefix(name, leasePrefix)
 	if !ok {
@@ -227,22 +254,31 @@ func (l *liveness) forget(name string) {
 	l.changed()
 }
 
-// alive: another node whose Lease changed within the lease duration before
-// the reference moment (now, or when contact was lost), or that was heard
-// announcing on the segment within a lease duration (heardFrom); this node
-// once it has renewed its Lease and the Leases are listed, and from then on
-// also while cut off from the apiserver (see the type's comment).
+// alive: another node whose heartbeats come (l2heartbeat.go), or, if none
+// was ever taken from it, whose Lease changed within the lease duration
+// before the reference moment (now, or when contact was lost); or that was
+// heard announcing on the segment within a lease duration (heardFrom),
+// since its last heartbeat. This node once it has renewed its Lease and
+// the Leases are listed, and from then on also while cut off from the
+// apiserver (see the type's comment), while its L2 links are up.
 func (l *liveness) alive(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if node == l.node {
-		return (l.synced == nil || l.synced()) && !l.ownRenew.IsZero()
+		return (l.synced == nil || l.synced()) && !l.ownRenew.IsZero() && (l.linkUp == nil || l.linkUp())
 	}
 	return l.aliveLocked(node, l.now())
 }
 
 func (l *liveness) aliveLocked(node string, now time.Time) bool {
-	if h, ok := l.heard[node]; ok && now.Sub(h) < l.duration {
+	h, heard := l.heard[node]
+	heard = heard && now.Sub(h) < l.duration
+	if l.beats != nil {
+		if alive, known, last := l.beats.Alive(node); known {
+			return alive || heard && h.After(last)
+		}
+	}
+	if heard {
 		return true
 	}
 	o, ok := l.seen[node]
@@ -299,12 +335,16 @@ func (l *liveness) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		// A hung apiserver holds a request forever: bound each attempt,
-		// so that renewals resume as soon as it answers again.
-		rctx, cancel := context.WithTimeout(ctx, l.duration)
-		err := l.renewOnce(rctx)
-		cancel()
-		if frozen := l.frozen(); err != nil && ctx.Err() == nil && !frozen {
-			l.log.Warn("l2 liveness lease renewal failed", "err", err)
+		// so that renewals resume as soon as it answers again. While
+		// this node's L2 links are down it does not renew: it cannot
+		// answer, and the others take its IPs when the Lease expires.
+		if l.linkUp == nil || l.linkUp() {
+			rctx, cancel := context.WithTimeout(ctx, l.duration)
+			err := l.renewOnce(rctx)
+			cancel()
+			if frozen := l.frozen(); err != nil && ctx.Err() == nil && !frozen {
+				l.log.Warn("l2 liveness lease renewal failed", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -13,7 +13,7 @@ import (
 // watchLiveness feeds the liveness tracker every liveness Lease of the
 // lease namespace (those labelled managed-by onehop, as renewOnce creates
 // them: not the allocator's Lease, which its leader renews every few
-// seconds and which no node needs) and renews this node's own until ctx ends (a goroutine of wg).
+// seconds and which no node needs) and renews this node's own until ctx ends (a goroutine of wg), and starts the heartbeats with it.
 // The returned stop shuts the Lease informer down.
 func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
 	h.leaseInf = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace),
@@ -38,5 +38,6 @@ func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func
 	}
 	h.leaseInf.Start(ctx.Done())
 	wg.Go(func() { h.liveness.run(ctx) })
+	h.startHeartbeat(ctx, wg)
 	return h.leaseInf.Shutdown, nil
 }

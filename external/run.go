@@ -185,6 +185,7 @@ func (h *Hook) Run(ctx context.Context) error {
 		// not change. Providers of the caller's are told a whole state.
 		if livePending && len(h.extra) == 0 {
 			livePending = false
+			h.syncHeartbeatPeers()
 			h.nextExpiry(expiry)
 			h.followLiveness()
 		}
@@ -199,6 +200,7 @@ func (h *Hook) Run(ctx context.Context) error {
 			continue
 		}
 		pending, looked = false, time.Now()
+		h.syncHeartbeatPeers()
 		h.nextExpiry(expiry)
 		if err := startAll(); err != nil {
 			return err

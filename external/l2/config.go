@@ -1,5 +1,7 @@
 package l2
 
+import "fmt"
+
 // Config is the "l2" section of the external configuration.
 type Config struct {
 	// Interfaces answer ARP/NDP; default: the interface holding the node's
@@ -10,4 +12,38 @@ type Config struct {
 	// for LeaseDurationSeconds loses its IPs to the next owner.
 	LeaseRenewSeconds    float64 `json:"leaseRenewSeconds,omitempty"`
 	LeaseDurationSeconds float64 `json:"leaseDurationSeconds,omitempty"`
+	// Heartbeat, when its key file holds a key, makes the agents judge
+	// each other by heartbeats on the node network (package
+	// external/heartbeat): a dead node's IPs move in well under a second,
+	// with the apiserver up or down. Without it, the Leases alone.
+	Heartbeat *HeartbeatConfig `json:"heartbeat,omitempty"`
+}
+
+// HeartbeatConfig configures the heartbeats between the L2 nodes.
+type HeartbeatConfig struct {
+	// KeyFile holds the key every node shares (at least 16 bytes; white
+	// space around it is trimmed). A missing or empty file turns the
+	// heartbeats off.
+	KeyFile string `json:"keyFile,omitempty"`
+	// Port is the UDP port, on the node's InternalIP (default 7947).
+	Port int `json:"port,omitempty"`
+	// IntervalMillis between two heartbeats (default 100), and Missed,
+	// how many a node may miss before it is dead (default 3).
+	IntervalMillis int `json:"intervalMillis,omitempty"`
+	Missed         int `json:"missed,omitempty"`
+}
+
+// Validate checks the numbers of c (nil: no heartbeats).
+func (c *HeartbeatConfig) Validate() error {
+	switch {
+	case c == nil:
+		return nil
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("l2.heartbeat.port %d is no UDP port", c.Port)
+	case c.IntervalMillis < 0 || c.IntervalMillis > 0 && c.IntervalMillis < 10:
+		return fmt.Errorf("l2.heartbeat.intervalMillis %d: want 10 or more", c.IntervalMillis)
+	case c.Missed < 0:
+		return fmt.Errorf("l2.heartbeat.missed %d: want 1 or more", c.Missed)
+	}
+	return nil
 }

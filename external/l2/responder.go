@@ -440,6 +440,18 @@ func (r *Responder) OnConflict(f func(ip netip.Addr, from net.HardwareAddr)) {
 	r.mu.Unlock()
 }
 
+// Up reports whether one of the interfaces it answers on is up and has a
+// carrier: while none is, this node can answer for nothing.
+func (r *Responder) Up() bool {
+	for _, l := range r.links {
+		ifi, err := net.InterfaceByName(l.name)
+		if err == nil && ifi.Flags&net.FlagUp != 0 && ifi.Flags&net.FlagRunning != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // LinkAddrs returns the link-layer addresses the responder answers with
 // now, one per interface it has sockets on.
 func (r *Responder) LinkAddrs() []net.HardwareAddr {
