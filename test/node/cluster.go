@@ -276,6 +276,9 @@ func poll(t testing.TB, what string, limit time.Duration, fn func() error) {
 	}
 }
 
+// cniConfig is a node's CNI chain: its pods on a bridge, with addresses
+// from podCIDR, and their hostPorts forwarded by portmap (iptables rules in
+// the node's namespace), as on kind's nodes.
 func cniConfig(podCIDR string) string {
 	return `{
   "cniVersion": "1.0.0",
@@ -292,6 +295,10 @@ func cniConfig(podCIDR string) string {
         "ranges": [[{"subnet": "` + podCIDR + `"}]],
         "routes": [{"dst": "0.0.0.0/0"}]
       }
+    },
+    {
+      "type": "portmap",
+      "capabilities": {"portMappings": true}
     }
   ]
 }
