@@ -30,29 +30,46 @@ import (
 // minHeartbeatKey is the shortest key taken.
 const minHeartbeatKey = 16
 
+// DefaultHeartbeatKeyFile is where the key is read from when
+// l2.heartbeat.keyFile is not set: where deploy/ mounts the Secret
+// onehop-l2-heartbeat.
+const DefaultHeartbeatKeyFile = "/etc/onehop/l2-heartbeat/key"
+
 // linkState is whether this node's L2 links are up, as last looked at.
 type linkState struct{ down atomic.Bool }
 
 func (s *linkState) up() bool { return !s.down.Load() }
 
-// readHeartbeatKey reads the key of c; nil, with why, when heartbeats are
-// off.
-func readHeartbeatKey(c *l2.HeartbeatConfig) ([]byte, string) {
-	if c == nil || c.KeyFile == "" {
-		return nil, "no l2.heartbeat.keyFile configured"
+// readHeartbeatKeys reads the keys of c's key file (DefaultHeartbeatKeyFile
+// when unset), one a line: the first signs, every one is accepted (a key
+// being replaced). None, with why, when heartbeats are off.
+func readHeartbeatKeys(c *l2.HeartbeatConfig) ([][]byte, string) {
+	file := DefaultHeartbeatKeyFile
+	if c != nil && c.KeyFile != "" {
+		file = c.KeyFile
 	}
-	b, err := os.ReadFile(c.KeyFile)
+	b, err := os.ReadFile(file)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, "no key file " + c.KeyFile
+		return nil, "no key file " + file
 	case err != nil:
 		return nil, err.Error()
 	}
-	key := bytes.TrimSpace(b)
-	if len(key) < minHeartbeatKey {
-		return nil, "the key in " + c.KeyFile + " is shorter than 16 bytes"
+	var keys [][]byte
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		key := bytes.TrimSpace(l)
+		if len(key) == 0 {
+			continue
+		}
+		if len(key) < minHeartbeatKey {
+			return nil, "a key in " + file + " is shorter than 16 bytes"
+		}
+		keys = append(keys, key)
 	}
-	return key, ""
+	if len(keys) == 0 {
+		return nil, "no key in " + file
+	}
+	return keys, ""
 }
 
 // internalIP is node's first InternalIP of the family of like (any family
@@ -91,8 +108,8 @@ func (h *Hook) startHeartbeat(ctx context.Context, wg *sync.WaitGroup) {
 		interval = time.Duration(hc.IntervalMillis) * time.Millisecond
 	}
 	wg.Go(func() { h.watchLinks(ctx, links, interval) })
-	key, why := readHeartbeatKey(&hc)
-	if key == nil {
+	keys, why := readHeartbeatKeys(&hc)
+	if keys == nil {
 		h.log.Info("l2 heartbeats off: nodes are judged by their Leases alone", "why", why)
 		return
 	}
@@ -105,7 +122,7 @@ func (h *Hook) startHeartbeat(ctx context.Context, wg *sync.WaitGroup) {
 	if port == 0 {
 		port = heartbeat.DefaultPort
 	}
-	hb, err := heartbeat.Listen(heartbeat.Config{Node: h.node, Incarnation: uint64(time.Now().UnixNano()), Key: key,
+	hb, err := heartbeat.Listen(heartbeat.Config{Node: h.node, Incarnation: uint64(time.Now().UnixNano()), Key: keys[0], Accept: keys[1:],
 		Bind: netip.AddrPortFrom(self, uint16(port)), Interval: interval, Missed: hc.Missed}, h.log, h.livePoke)
 	if err != nil {
 		h.log.Warn("l2 heartbeats off: nodes are judged by their Leases alone", "err", err)

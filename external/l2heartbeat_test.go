@@ -3,6 +3,7 @@ package external
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,7 +88,7 @@ func TestLivenessHeartbeatsDecide(t *testing.T) {
 	c.want("links up", map[string]bool{"a": true})
 }
 
-func TestReadHeartbeatKey(t *testing.T) {
+func TestReadHeartbeatKeys(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, v string) string {
 		p := filepath.Join(dir, name)
@@ -97,18 +98,23 @@ func TestReadHeartbeatKey(t *testing.T) {
 		return p
 	}
 	for _, tc := range []struct {
-		c   *l2.HeartbeatConfig
-		key string
+		c    *l2.HeartbeatConfig
+		keys string
 	}{
-		{nil, ""},
-		{&l2.HeartbeatConfig{}, ""},
 		{&l2.HeartbeatConfig{KeyFile: filepath.Join(dir, "missing")}, ""},
+		{&l2.HeartbeatConfig{KeyFile: write("empty", "\n \n")}, ""},
 		{&l2.HeartbeatConfig{KeyFile: write("short", "0123456789\n")}, ""},
+		{&l2.HeartbeatConfig{KeyFile: write("one short", "0123456789abcdef0123\nshort\n")}, ""},
 		{&l2.HeartbeatConfig{KeyFile: write("ok", " 0123456789abcdef0123\n")}, "0123456789abcdef0123"},
+		{&l2.HeartbeatConfig{KeyFile: write("two", "new key, 16 bytes or more\n\nold key, 16 bytes or more\n")}, "new key, 16 bytes or more|old key, 16 bytes or more"},
 	} {
-		key, why := readHeartbeatKey(tc.c)
-		if string(key) != tc.key || (key == nil) == (why == "") {
-			t.Errorf("%+v: key %q, why %q; want key %q", tc.c, key, why, tc.key)
+		keys, why := readHeartbeatKeys(tc.c)
+		var got []string
+		for _, k := range keys {
+			got = append(got, string(k))
+		}
+		if strings.Join(got, "|") != tc.keys || (keys == nil) == (why == "") {
+			t.Errorf("%+v: keys %q, why %q; want %q", tc.c, got, why, tc.keys)
 		}
 	}
 }

@@ -29,8 +29,11 @@ type Config struct {
 	// Incarnation must grow with each start of the agent (the start
 	// time in nanoseconds).
 	Incarnation uint64
-	// Key authenticates the datagrams; every node must share it.
-	Key []byte
+	// Key authenticates the datagrams this node sends; every node must
+	// share it. Datagrams are also taken under the Accept keys: while a
+	// key is replaced, each node sends under one key and takes both.
+	Key    []byte
+	Accept [][]byte
 	// Bind is the node's address and the port; the datagrams are sent
 	// from it, to the same port on each peer.
 	Bind netip.AddrPort
@@ -188,7 +191,7 @@ func (h *Heartbeat) receive() {
 			continue // an ICMP error of an earlier send
 		}
 		src := from.Addr().Unmap()
-		m, err := Decode(h.cfg.Key, buf[:n])
+		m, err := Decode(buf[:n], append([][]byte{h.cfg.Key}, h.cfg.Accept...)...)
 		now := time.Now()
 		h.mu.Lock()
 		changed := false

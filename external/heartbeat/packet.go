@@ -63,8 +63,9 @@ func Encode(key []byte, m Message) ([]byte, error) {
 	return mac.Sum(b), nil
 }
 
-// Decode checks b's authentication with key and returns its message.
-func Decode(key []byte, b []byte) (Message, error) {
+// Decode checks b's authentication with one of keys and returns its
+// message.
+func Decode(b []byte, keys ...[]byte) (Message, error) {
 	const fixed = len(magic) + 2 + 16 + macLen
 	if len(b) < fixed+1 || string(b[:len(magic)]) != magic {
 		return Message{}, ErrMalformed
@@ -74,9 +75,13 @@ func Decode(key []byte, b []byte) (Message, error) {
 		return Message{}, ErrMalformed
 	}
 	body, sum := b[:len(b)-macLen], b[len(b)-macLen:]
-	mac := hmac.New(sha256.New, key)
-	mac.Write(body)
-	if !hmac.Equal(mac.Sum(nil), sum) {
+	ok := false
+	for _, key := range keys {
+		mac := hmac.New(sha256.New, key)
+		mac.Write(body)
+		ok = ok || hmac.Equal(mac.Sum(nil), sum)
+	}
+	if !ok {
 		return Message{}, ErrBadMAC
 	}
 	p := len(magic)

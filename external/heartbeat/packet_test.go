@@ -12,26 +12,29 @@ func TestEncodeDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Decode(key, b)
+	got, err := Decode(b, key)
 	if err != nil || got != m {
 		t.Fatalf("Decode(Encode(%+v)) = %+v, %v", m, got, err)
 	}
-	if _, err := Decode([]byte("another key"), b); !errors.Is(err, ErrBadMAC) {
+	if _, err := Decode(b, []byte("another key")); !errors.Is(err, ErrBadMAC) {
 		t.Errorf("another key: %v, want ErrBadMAC", err)
+	}
+	if got, err := Decode(b, []byte("another key"), key); err != nil || got != m {
+		t.Errorf("under the second key of two: %+v, %v", got, err)
 	}
 	for i := range b {
 		bad := append([]byte(nil), b...)
 		bad[i] ^= 0x10
-		if _, err := Decode(key, bad); err == nil {
+		if _, err := Decode(bad, key); err == nil {
 			t.Errorf("byte %d flipped: accepted", i)
 		}
 	}
 	for _, n := range []int{0, 1, len(b) - 1} {
-		if _, err := Decode(key, b[:n]); !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrBadMAC) {
+		if _, err := Decode(b[:n], key); !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrBadMAC) {
 			t.Errorf("cut to %d bytes: %v", n, err)
 		}
 	}
-	if _, err := Decode(key, append(b, 0)); err == nil {
+	if _, err := Decode(append(b, 0), key); err == nil {
 		t.Error("a byte too many: accepted")
 	}
 }
@@ -53,7 +56,7 @@ func FuzzDecode(f *testing.F) {
 	b, _ := Encode(key, Message{Node: "n", Incarnation: 1, Seq: 2})
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := Decode(key, b)
+		m, err := Decode(b, key)
 		if err != nil {
 			return
 		}

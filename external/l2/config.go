@@ -12,18 +12,21 @@ type Config struct {
 	// for LeaseDurationSeconds loses its IPs to the next owner.
 	LeaseRenewSeconds    float64 `json:"leaseRenewSeconds,omitempty"`
 	LeaseDurationSeconds float64 `json:"leaseDurationSeconds,omitempty"`
-	// Heartbeat, when its key file holds a key, makes the agents judge
-	// each other by heartbeats on the node network (package
-	// external/heartbeat): a dead node's IPs move in well under a second,
-	// with the apiserver up or down. Without it, the Leases alone.
+	// Heartbeat tunes the heartbeats between the nodes (package
+	// external/heartbeat), which are on when the key file holds a key:
+	// the agents then judge each other by them, and a dead node's IPs
+	// move in well under a second, with the apiserver up or down. Without
+	// a key, the Leases alone.
 	Heartbeat *HeartbeatConfig `json:"heartbeat,omitempty"`
 }
 
 // HeartbeatConfig configures the heartbeats between the L2 nodes.
 type HeartbeatConfig struct {
-	// KeyFile holds the key every node shares (at least 16 bytes; white
-	// space around it is trimmed). A missing or empty file turns the
-	// heartbeats off.
+	// KeyFile holds the key every node shares, at least 16 bytes, white
+	// space around it trimmed (default /etc/onehop/l2-heartbeat/key, where
+	// deploy/ mounts the Secret onehop-l2-heartbeat). Several keys, one a
+	// line, while a key is replaced: the first signs, all are accepted.
+	// A missing or empty file turns the heartbeats off.
 	KeyFile string `json:"keyFile,omitempty"`
 	// Port is the UDP port, on the node's InternalIP (default 7947).
 	Port int `json:"port,omitempty"`
