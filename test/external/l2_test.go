@@ -21,17 +21,27 @@ const (
 // l2Lab: node1, node2 and client on one bridge (in "sw"); each node DNATs
 // the VIPs to its pod. Nothing configures the VIPs on an interface: only
 // the responders make them reachable.
-func newL2Lab(t *testing.T) *topo {
+func newL2Lab(t *testing.T) *topo { return newL2LabOf(t, 2) }
+
+// newL2LabOf is the l2Lab with nodes node1 ... nodeN (at 10.0.0.11 and
+// fd00:1::11 on; their pods pod1 ... podN at 10.244.i.2 and
+// fd00:244:i::2); the client is at 10.0.0.100.
+func newL2LabOf(t *testing.T, nodes int) *topo {
 	needs(t, "nft")
 	lab := newTopo(t)
 	dir := t.TempDir()
-	lab.add("sw", "node1", "node2", "client", "pod1", "pod2")
-	for _, n := range []string{"node1", "node2", "client"} {
+	var names []string
+	for i := 1; i <= nodes; i++ {
+		names = append(names, fmt.Sprintf("node%d", i))
+		lab.add(fmt.Sprintf("node%d", i), fmt.Sprintf("pod%d", i))
+	}
+	lab.add("sw", "client")
+	for _, n := range append(names, "client") {
 		lab.exec(n, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
 	}
 	lab.ip("sw", "link", "add", "br0", "type", "bridge")
 	lab.ip("sw", "link", "set", "br0", "up")
-	for i, n := range []string{"node1", "node2", "client"} {
+	for i, n := range append(names, "client") {
 		lab.veth("sw", "v"+n, n, "eth0")
 		lab.ip("sw", "link", "set", "v"+n, "master", "br0")
 		host := 11 + i
@@ -43,7 +53,7 @@ func newL2Lab(t *testing.T) *topo {
 	}
 	lab.ip("client", "route", "add", "203.0.113.0/24", "dev", "eth0")
 	lab.ip("client", "-6", "route", "add", "2001:db8:1::/64", "dev", "eth0")
-	for i := 1; i <= 2; i++ {
+	for i := 1; i <= nodes; i++ {
 		node, pod := fmt.Sprintf("node%d", i), fmt.Sprintf("pod%d", i)
 		lab.exec(node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 		lab.veth(node, "pod", pod, "eth0")

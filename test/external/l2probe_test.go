@@ -143,6 +143,20 @@ func (p *l2Prober) announcements(ip, mac string, t0 time.Time) map[string]int {
 	return out
 }
 
+// firstAnnouncement is when the client first heard mac announce ip at
+// or after t0.
+func (p *l2Prober) firstAnnouncement(ip, mac string, t0 time.Time) (time.Time, bool) {
+	a := netip.MustParseAddr(ip)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, g := range p.announced {
+		if g.ip == a && g.mac == mac && !g.at.Before(t0) {
+			return g.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
 func (p *l2Prober) readARP() {
 	defer p.wg.Done()
 	for {
