@@ -14,7 +14,8 @@
 //
 // The hook has a cluster-wide part (allocator, Service status, webhook,
 // refusal events; one leader at a time) and a per-node part (providers, the
-// node's liveness Lease). Every agent may run both (New), or they run apart
+// node's liveness Lease, and with a key its heartbeats to the other L2
+// nodes, package external/heartbeat). Every agent may run both (New), or they run apart
 // (Config.SeparateController and NewController, for `agent controller`), so
 // that node agents need no right to write Service status or any Lease but
 // their own (role.go).
