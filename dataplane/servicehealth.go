@@ -224,7 +224,7 @@ func (s *ServiceHealth) event(svc portal.ServiceKey, msg string) {
 // hcPort is the health-check node port svc needs served, 0 for none.
 func hcPort(svc *portal.Service) uint16 {
 	for _, p := range svc.Portals {
-		if p.ExternalLocal && p.HealthCheckNodePort != 0 {
+		if p.HealthCheckNodePort != 0 {
 			return p.HealthCheckNodePort
 		}
 	}

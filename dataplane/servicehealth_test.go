@@ -208,10 +208,15 @@ func TestServiceHealthStatusBodyAndHeaders(t *testing.T) {
 	}
 }
 
-func TestServiceHealthOnlyLocalServicesWithPort(t *testing.T) {
-	cluster := localService("cluster", 31002, "10.244.1.10")
-	for _, p := range cluster.Portals {
-		p.ExternalLocal = false // a stale healthCheckNodePort on a Cluster Service
+// TestServiceHealthEveryLocalServiceWithPort: the model gives a
+// healthCheckNodePort to every LoadBalancer Service with
+// externalTrafficPolicy: Local, also when none of its families has a way
+// in (no node ports, no VIP-mode ingress IP); kube-proxy serves it then
+// too. A Service without one is not served.
+func TestServiceHealthEveryLocalServiceWithPort(t *testing.T) {
+	noWayIn := localService("nowayin", 31002, "10.244.1.10")
+	for _, p := range noWayIn.Portals {
+		p.NodePort, p.ExternalLocal, p.LocalEndpoints = 0, false, nil
 	}
 	noPort := localService("noport", 0, "10.244.1.10")
 	local := localService("local", 31003, "10.244.1.10")
@@ -219,9 +224,9 @@ func TestServiceHealthOnlyLocalServicesWithPort(t *testing.T) {
 		return net.Listen("tcp", "127.0.0.1:0")
 	}))
 	defer sh.Close()
-	sh.Update(withGone(sh, snapOf(cluster, noPort, local)))
-	if got := sh.Ports(); len(got) != 1 || got[0] != 31003 {
-		t.Errorf("served ports %v, want only [31003]", got)
+	sh.Update(withGone(sh, snapOf(noWayIn, noPort, local)))
+	if got := sh.Ports(); !slices.Equal(got, []uint16{31002, 31003}) {
+		t.Errorf("served ports %v, want [31002 31003]", got)
 	}
 }
 

@@ -51,6 +51,10 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 	vips := b.clusterIPs()
 	ext := b.externalIPs()
 	lbs := b.ingressIPs()
+	// Every VIP-mode ingress IP of a family, also one programmed as the
+	// cluster or an external IP: the sources a node's own connection to a
+	// VIP may loop back with.
+	vipSources := map[Family][]netip.Addr{IPv4: slices.Clone(lbs[IPv4]), IPv6: slices.Clone(lbs[IPv6])}
 	// An address is one way in: listed twice, it is programmed once, as
 	// the first of cluster, external and load-balancer IP.
 	for f := range ext {
@@ -63,6 +67,9 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 	ranges := map[Family][]netip.Prefix{}
 	if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 		ranges[IPv4], ranges[IPv6] = b.sourceRanges()
+		for f := range ranges {
+			ranges[f] = b.cfg.withNodeLoopback(ranges[f], vipSources[f])
+		}
 	}
 	type protoPort struct {
 		proto Protocol
@@ -129,7 +136,9 @@ func (c *Config) Build(svc *v1.Service, eslices []*discovery.EndpointSlice) (*Se
 			}
 			if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 				p.SourceRanges = ranges[f]
-				if p.ExternalLocal && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+				// Served whether or not the family has a way in (no node
+				// ports, no VIP-mode ingress IP yet), as by kube-proxy.
+				if svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 					p.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
 				}
 			}
@@ -263,12 +272,39 @@ func (b *builder) sourceRanges() (v4, v6 []netip.Prefix) {
 		out[f] = append(out[f], p.Masked())
 	}
 	for f, ps := range out {
-		slices.SortFunc(ps, func(a, b netip.Prefix) int {
-			return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-		})
+		slices.SortFunc(ps, comparePrefix)
 		out[f] = slices.Compact(ps)
 	}
 	return out[IPv4], out[IPv6]
+}
+
+// withNodeLoopback returns ranges with the load-balancer IPs lbs added as
+// single addresses when one of the ranges holds this node's address of
+// their family, as kube-proxy does: a load-balancer IP is often a local
+// address of the node, and the node's own connection to it then loops
+// back with the IP itself as its source. ranges is returned unchanged
+// otherwise, and is never modified.
+func (c *Config) withNodeLoopback(ranges []netip.Prefix, lbs []netip.Addr) []netip.Prefix {
+	if len(ranges) == 0 || len(lbs) == 0 {
+		return ranges
+	}
+	node := slices.IndexFunc(c.NodeIPs, func(a netip.Addr) bool {
+		return FamilyOf(a) == FamilyOf(lbs[0]) && inAny(ranges, a)
+	})
+	if node < 0 {
+		return ranges
+	}
+	out := slices.Clone(ranges)
+	for _, a := range lbs {
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	slices.SortFunc(out, comparePrefix)
+	return slices.Compact(out)
+}
+
+// comparePrefix orders prefixes by address, then length.
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // servable reports whether a may be an external or load-balancer IP or an

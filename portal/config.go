@@ -17,6 +17,12 @@ type Config struct {
 	// ServiceProxyName, when set, makes onehop serve only Services labelled
 	// service.kubernetes.io/service-proxy-name with this value.
 	ServiceProxyName string
+	// NodeIPs are this node's primary address of each family (its Node's
+	// first InternalIP, else ExternalIP, as kube-proxy picks them): a
+	// Service whose loadBalancerSourceRanges hold one also lets in
+	// packets from its own load-balancer IPs. The Tracker keeps them
+	// from the Node object.
+	NodeIPs []netip.Addr
 	// NodeZone is this node's topology.kubernetes.io/zone, for topology hints.
 	NodeZone string
 	// Limits bound one Service's contribution to the ruleset; zero fields

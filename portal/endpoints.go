@@ -57,7 +57,7 @@ func (b *builder) endpoints(p *Portal, sp *v1.ServicePort, eslices []*discovery.
 	}
 	p.Serving = servingOf(cands, cluster)
 	p.Hairpin = hairpin(cands, p.ClusterEndpoints, p.LocalEndpoints)
-	if p.ExternalLocal || p.InternalLocal {
+	if p.ExternalLocal || p.InternalLocal || p.HealthCheckNodePort != 0 {
 		readyAddrs := map[netip.Addr]bool{}
 		for _, c := range cands {
 			if c.local && c.ready {
@@ -185,22 +185,24 @@ func (b *builder) candidates(p *Portal, sp *v1.ServicePort, eslices []*discovery
 }
 
 // slicePort finds the target port of sp in es: the slice port with the same
-// name and protocol.
+// name and protocol. A slice port without a name is ignored, as kube-proxy
+// ignores it; the API server never stores one (it defaults the name to
+// ""), so only the unnamed Service port's slice port, "" written or not,
+// reaches the model.
 func slicePort(es *discovery.EndpointSlice, sp *v1.ServicePort) (uint16, bool) {
 	proto := sp.Protocol
 	if proto == "" {
 		proto = v1.ProtocolTCP
 	}
 	for _, p := range es.Ports {
-		name := ""
-		if p.Name != nil {
-			name = *p.Name
+		if p.Name == nil {
+			continue
 		}
 		pp := v1.ProtocolTCP
 		if p.Protocol != nil {
 			pp = *p.Protocol
 		}
-		if name != sp.Name || pp != proto || p.Port == nil {
+		if *p.Name != sp.Name || pp != proto || p.Port == nil {
 			continue
 		}
 		if *p.Port <= 0 || *p.Port > 65535 {

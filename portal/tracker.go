@@ -169,7 +169,9 @@ func (t *Tracker) DeleteSlice(es *discovery.EndpointSlice) {
 }
 
 // SetNode records this node's object. A change of zone rebuilds every
-// Service; a change of addresses only the node-level state.
+// Service, a change of primary addresses the Services with
+// loadBalancerSourceRanges; other changes of addresses only the node-level
+// state.
 func (t *Tracker) SetNode(n *v1.Node) {
 	t.mu.Lock()
 	zone := n.Labels[v1.LabelTopologyZone]
@@ -177,6 +179,14 @@ func (t *Tracker) SetNode(n *v1.Node) {
 		t.cfg.NodeZone = zone
 		for k := range t.services {
 			t.markLocked(k)
+		}
+	}
+	if primary := nodePortAddrs(n, nil); !slices.Equal(primary, t.cfg.NodeIPs) {
+		t.cfg.NodeIPs = primary
+		for k, svc := range t.services {
+			if len(svc.Spec.LoadBalancerSourceRanges) > 0 {
+				t.markLocked(k)
+			}
 		}
 	}
 	t.node = n

@@ -104,6 +104,9 @@ type Portal struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 	// SourceRanges restrict who may reach LoadBalancerIPs; empty allows all.
+	// When one holds the node's address (Config.NodeIPs), the
+	// LoadBalancerIPs are in it too, as single addresses: the node's own
+	// connection to a VIP that is local to it loops back from the VIP.
 	SourceRanges []netip.Prefix
 
 	// ExternalLocal is externalTrafficPolicy: Local: external traffic
@@ -112,7 +115,11 @@ type Portal struct {
 	ExternalLocal bool
 	// InternalLocal is internalTrafficPolicy: Local: cluster-IP traffic only
 	// reaches LocalEndpoints.
-	InternalLocal       bool
+	InternalLocal bool
+	// HealthCheckNodePort is the Service's healthCheckNodePort: set for
+	// every LoadBalancer Service with externalTrafficPolicy: Local, also
+	// when the family has no way in (ExternalLocal false), as kube-proxy
+	// serves it; LocalReady is counted whenever it is set.
 	HealthCheckNodePort uint16
 	Affinity            Affinity
 	// Scheduler is the IPVS scheduler asked for with the onehop.io/scheduler

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"syscall"
 	"testing"
@@ -122,9 +124,10 @@ const (
 	outcomeDropped     connOutcome = "dropped (no answer at all)"
 )
 
-// tryOutcome makes one TCP request from namespace from to addr.
-func tryOutcome(ctx context.Context, from, addr string) (connOutcome, error) {
-	_, err := nsutil.Request(ctx, from, "tcp", addr)
+// tryOutcome makes one TCP request from namespace from to addr, from source
+// address src ("": the one the kernel picks).
+func tryOutcome(ctx context.Context, from, src, addr string) (connOutcome, error) {
+	_, err := askFrom(ctx, from, src, addr)
 	switch {
 	case err == nil:
 		return outcomeAnswered, nil
@@ -138,9 +141,38 @@ func tryOutcome(ctx context.Context, from, addr string) (connOutcome, error) {
 	return connOutcome(fmt.Sprintf("failed otherwise (%v)", err)), err
 }
 
+// askFrom makes one TCP request from namespace ns to addr, from source
+// address src ("": the one the kernel picks).
+func askFrom(ctx context.Context, ns, src, addr string) (nsutil.Reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, nsutil.EchoTimeout)
+	defer cancel()
+	var conn net.Conn
+	err := nsutil.Do(ns, func() error {
+		var d net.Dialer
+		if src != "" {
+			d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(src), 0))
+		}
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	if err != nil {
+		return nsutil.Reply{}, err
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	return nsutil.AskOn(conn, time.Until(deadline))
+}
+
 // waitOutcome polls until a request to addr has the wanted outcome twice
 // in a row (the agent applies API changes asynchronously).
 func waitOutcome(ctx context.Context, t *testing.T, from, addr string, want connOutcome) {
+	t.Helper()
+	waitOutcomeFrom(ctx, t, from, "", addr, want)
+}
+
+// waitOutcomeFrom is waitOutcome for requests from source address src.
+func waitOutcomeFrom(ctx context.Context, t *testing.T, from, src, addr string, want connOutcome) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, netns.ConvergeTimeout)
 	defer cancel()
@@ -148,9 +180,9 @@ func waitOutcome(ctx context.Context, t *testing.T, from, addr string, want conn
 	seen := map[connOutcome]int{}
 	var last error
 	for streak < 2 {
-		got, err := tryOutcome(ctx, from, addr)
+		got, err := tryOutcome(ctx, from, src, addr)
 		if ctx.Err() != nil {
-			t.Fatalf("tcp %s from %s: want %s, saw %v (last error: %v)", addr, from, want, seen, last)
+			t.Fatalf("tcp %s from %s (source %q): want %s, saw %v (last error: %v)", addr, from, src, want, seen, last)
 		}
 		seen[got]++
 		last = err
