@@ -18,7 +18,7 @@ import (
 	"github.com/onehop/onehop/external/l2"
 )
 
-var l2Kills = flag.Int("l2.kills", 20, "how many owners TestL2HeartbeatFailover kills, with the apiserver up and again with it stopped")
+var l2Kills = flag.Int("l2.kills", 20, "how many owners TestL2HeartbeatFailover kills, with the apiserver up, and again with it stopped before and after each kill")
 
 // TestL2HeartbeatFailover: the L2 provider as deploy/ ships it, with the
 // heartbeats' key and the default Lease timing (renew 1 s, duration 3 s),
@@ -29,10 +29,11 @@ var l2Kills = flag.Int("l2.kills", 20, "how many owners TestL2HeartbeatFailover 
 // client hears is logged (p50, p95, max per family), -l2.kills times; then
 // the agent starts again and takes its addresses back. The same again
 // with kube-apiserver stopped (SIGSTOP) two seconds before each kill,
-// past the moment the agents freeze their view of the Leases: with Leases
-// alone nothing would move then. Each takeover must happen, and no request
-// may get two answers except during the handover back to a restarted
-// agent.
+// past the moment the agents freeze their view of the Leases, and again
+// with it stopped right after each kill, before the killed node's Lease
+// expires: with Leases alone nothing would move in either. Each takeover
+// must happen, and no request may get two answers except during the
+// handover back to a restarted agent.
 func TestL2HeartbeatFailover(t *testing.T) {
 	const nodes = 3
 	lab := newL2LabOf(t, nodes)
@@ -104,7 +105,7 @@ func TestL2HeartbeatFailover(t *testing.T) {
 		from, to time.Time
 	}
 	var allowed []window
-	for _, phase := range []string{"apiserver up", "apiserver stopped"} {
+	for _, phase := range []string{"apiserver up", "apiserver stopped before the kill", "apiserver stopped after the kill"} {
 		garp := map[string][]time.Duration{} // family -> kill to first announcement
 		alone := map[string][]time.Duration{}
 		for i := range *l2Kills {
@@ -122,7 +123,7 @@ func TestL2HeartbeatFailover(t *testing.T) {
 				}
 			}
 			var resume func()
-			if phase == "apiserver stopped" {
+			if phase == "apiserver stopped before the kill" {
 				resume = hangAPIServer(t, cp)
 				time.Sleep(2 * time.Second) // past half a lease duration: the agents' Lease view is frozen
 			}
@@ -130,6 +131,9 @@ func TestL2HeartbeatFailover(t *testing.T) {
 			time.Sleep(time.Duration(rand.IntN(100_000)) * time.Microsecond)
 			tKill := time.Now()
 			_ = agents[x].Process.Kill()
+			if phase == "apiserver stopped after the kill" {
+				resume = hangAPIServer(t, cp)
+			}
 			_ = agents[x].Wait()
 			for _, ip := range mine {
 				y := l2.Owner(netip4(ip), others)
@@ -167,8 +171,8 @@ func TestL2HeartbeatFailover(t *testing.T) {
 			settle(tStart, fmt.Sprintf("%s, kill %d", phase, i+1))
 		}
 		for _, family := range []string{"IPv4", "IPv6"} {
-			t.Logf("%s, %d kills of the owner (3 nodes, heartbeats 100 ms x 3): kill -> first gratuitous announcement %s; -> answered by the new owner alone %s",
-				phase, len(garp[family]), percentiles(garp[family]), percentiles(alone[family]))
+			t.Logf("%s, %s, %d kills of the owner (3 nodes, heartbeats 100 ms x 3): kill -> first gratuitous announcement %s; -> answered by the new owner alone %s",
+				phase, family, len(garp[family]), percentiles(garp[family]), percentiles(alone[family]))
 		}
 	}
 	// No double answer outside the handovers back to a restarted agent.
