@@ -270,6 +270,13 @@ func (l *liveness) alive(node string) bool {
 	return l.aliveLocked(node, l.now())
 }
 
+// linksUp: this node's L2 links are up, or not looked at.
+func (l *liveness) linksUp() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.linkUp == nil || l.linkUp()
+}
+
 func (l *liveness) aliveLocked(node string, now time.Time) bool {
 	h, heard := l.heard[node]
 	heard = heard && now.Sub(h) < l.duration
@@ -338,7 +345,7 @@ func (l *liveness) run(ctx context.Context) {
 		// so that renewals resume as soon as it answers again. While
 		// this node's L2 links are down it does not renew: it cannot
 		// answer, and the others take its IPs when the Lease expires.
-		if l.linkUp == nil || l.linkUp() {
+		if l.linksUp() {
 			rctx, cancel := context.WithTimeout(ctx, l.duration)
 			err := l.renewOnce(rctx)
 			cancel()

@@ -37,7 +37,7 @@ func (h *Hook) watchLiveness(ctx context.Context, wg *sync.WaitGroup) (stop func
 		return nil, err
 	}
 	h.leaseInf.Start(ctx.Done())
-	wg.Go(func() { h.liveness.run(ctx) })
 	h.startHeartbeat(ctx, wg)
+	wg.Go(func() { h.liveness.run(ctx) })
 	return h.leaseInf.Shutdown, nil
 }
