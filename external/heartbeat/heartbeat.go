@@ -195,12 +195,15 @@ func (h *Heartbeat) receive() {
 		now := time.Now()
 		h.mu.Lock()
 		changed := false
-		if err == nil {
-			if h.bySrc[src] != m.Node {
-				err = fmt.Errorf("heartbeat: %s sent from %s, which is not its address", m.Node, src)
-			} else {
-				changed, err = h.peers.Accept(m, now)
-			}
+		switch {
+		case err == nil && h.bySrc[src] != m.Node:
+			err = fmt.Errorf("heartbeat: %s sent from %s, which is not its address", m.Node, src)
+		case err == nil:
+			changed, err = h.peers.Accept(m, now)
+		case errors.Is(err, ErrBadMAC) && h.bySrc[src] != "":
+			// Its node restarted with a key this one lacks: judged by
+			// its Lease until it is heard under a shared key again.
+			changed = h.peers.Unverified(h.bySrc[src])
 		}
 		say := err != nil && !errors.Is(err, ErrReplay) && now.Sub(h.said[src]) >= time.Minute
 		if say {

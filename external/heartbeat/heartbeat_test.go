@@ -56,7 +56,8 @@ func freePort(t *testing.T) uint16 {
 // TestHeartbeatOverUDP: two nodes on loopback addresses see each other
 // alive; one that stops sending (its link down, or killed) is dead after
 // the timeout, one that stops cleanly at once; one with another key, or
-// sending from another address than its own, is never known.
+// sending from another address than its own, is never known, and one that
+// starts again under another key is no longer known.
 func TestHeartbeatOverUDP(t *testing.T) {
 	port := freePort(t)
 	addrs := map[string]netip.Addr{"a": netip.MustParseAddr("127.0.0.1"), "b": netip.MustParseAddr("127.0.0.2"), "c": netip.MustParseAddr("127.0.0.3")}
@@ -93,6 +94,10 @@ func TestHeartbeatOverUDP(t *testing.T) {
 	if alive(a, "b") {
 		t.Error("b's impostor made it alive to a")
 	}
+	// b's agent starts again with a key a lacks: a judges b otherwise.
+	b2 := startBeating(t, "b", "127.0.0.2", port, "another key", 2)
+	b2.SetPeers(addrs)
+	waitUntil(t, "b, under another key, not known to a", func() bool { _, known, _ := a.Alive("b"); return !known })
 	if _, known, _ := a.Alive("c"); known {
 		t.Error("c, with another key, known to a")
 	}

@@ -20,7 +20,10 @@ type Peers struct {
 }
 
 type peer struct {
+	// heard: its heartbeats decide (State's known); floor: inc and seq
+	// are the newest taken, below which nothing is taken again.
 	heard     bool
+	floor     bool
 	inc, seq  uint64
 	last      time.Time
 	alive     bool // as last reported (Accept, Expire)
@@ -59,10 +62,10 @@ func (p *Peers) Accept(m Message, now time.Time) (changed bool, err error) {
 	if pr == nil {
 		return false, ErrNotPeer
 	}
-	if pr.heard && (m.Incarnation < pr.inc || m.Incarnation == pr.inc && m.Seq <= pr.seq) {
+	if pr.floor && (m.Incarnation < pr.inc || m.Incarnation == pr.inc && m.Seq <= pr.seq) {
 		return false, ErrReplay
 	}
-	pr.heard, pr.inc, pr.seq = true, m.Incarnation, m.Seq
+	pr.heard, pr.floor, pr.inc, pr.seq = true, true, m.Incarnation, m.Seq
 	was := pr.alive && now.Sub(pr.last) < p.timeout
 	if m.Leaving {
 		pr.alive, pr.leftAtInc = false, true
@@ -70,6 +73,20 @@ func (p *Peers) Accept(m Message, now time.Time) (changed bool, err error) {
 	}
 	pr.last, pr.alive, pr.leftAtInc = now, true, false
 	return !was, nil
+}
+
+// Unverified makes node's heartbeats decide nothing until one is taken
+// again, and reports whether they decided until now: a datagram from its
+// address failed authentication (another key: it restarted with a key the
+// others lack), and the caller judges it otherwise. Nothing older than
+// what was taken from it is taken afterwards.
+func (p *Peers) Unverified(node string) bool {
+	pr := p.peers[node]
+	if pr == nil || !pr.heard {
+		return false
+	}
+	pr.heard, pr.alive = false, false
+	return true
 }
 
 // State is node's heartbeat liveness at now: known once a datagram of it

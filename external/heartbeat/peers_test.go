@@ -33,12 +33,26 @@ func TestPeersReplay(t *testing.T) {
 			t.Fatalf("step %d %+v: changed %v, %v; want %v, %v", i, s.m, changed, err, s.changed, s.err)
 		}
 	}
-	// A replayed datagram does not keep a peer alive.
-	if alive, _, last := p.State("b", at(499)); !alive || !last.Equal(at(200)) {
-		t.Errorf("b at 499 ms: alive %v, last %v; want alive since 200 ms", alive, last)
+	// A datagram under another key from b's address: b's heartbeats
+	// decide nothing, yet nothing older than what was taken is taken.
+	if !p.Unverified("b") || p.Unverified("b") {
+		t.Error("Unverified: want true once, for a peer heard")
 	}
-	if alive, _, _ := p.State("b", at(500)); alive {
-		t.Error("b at 500 ms, 300 ms after the last datagram taken: alive")
+	if _, known, _ := p.State("b", at(230)); known {
+		t.Error("b unverified: known")
+	}
+	if _, err := p.Accept(Message{Node: "b", Incarnation: 6, Seq: 1}, at(240)); !errors.Is(err, ErrReplay) {
+		t.Errorf("b unverified, an old datagram: %v, want ErrReplay", err)
+	}
+	if changed, err := p.Accept(Message{Node: "b", Incarnation: 6, Seq: 2}, at(250)); err != nil || !changed {
+		t.Errorf("b heard again: changed %v, %v", changed, err)
+	}
+	// A replayed datagram does not keep a peer alive.
+	if alive, _, last := p.State("b", at(549)); !alive || !last.Equal(at(250)) {
+		t.Errorf("b at 549 ms: alive %v, last %v; want alive since 250 ms", alive, last)
+	}
+	if alive, _, _ := p.State("b", at(550)); alive {
+		t.Error("b at 550 ms, 300 ms after the last datagram taken: alive")
 	}
 }
 
