@@ -1,7 +1,9 @@
 package external
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -151,14 +153,22 @@ type dualStackL2 struct {
 	settled time.Time
 }
 
-func startDualStackL2(t *testing.T) *dualStackL2 {
+func startDualStackL2(t *testing.T) *dualStackL2 { return startDualStackL2With(t, nil) }
+
+// startDualStackL2With is startDualStackL2 with l2's configuration (Lease
+// 0.5 s / 1.5 s) changed by tune (nil: as it is).
+func startDualStackL2With(t *testing.T, tune func(*l2.Config)) *dualStackL2 {
 	t.Helper()
 	lab := newL2Lab(t)
 	cp, c := lab.twoNodeCluster("sw")
 	sp := newSplit(t, cp)
+	l2c := &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5}
+	if tune != nil {
+		tune(l2c)
+	}
 	cfg := sp.config(external.Config{
 		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
-		L2:    &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
+		L2:    l2c,
 	})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
 	sp.runController(cfg, "onehop-controller-0", "")
@@ -194,18 +204,29 @@ func startDualStackL2(t *testing.T) *dualStackL2 {
 }
 
 // TestL2FlappingOwner: the agent of vip's owner is SIGKILLed and started
-// again over and over, every half and every twice the Lease duration (the
-// detection time), while a client asks who answers for both addresses
-// every 50 ms. A request may be answered twice only during a handover:
-// within a Lease duration of the agent's start. At the end the owner
-// answers alone.
+// again over and over, every half and every twice the detection time (the
+// Lease duration; with heartbeats, 3 missed), while a client asks who
+// answers for both addresses every 50 ms. A request may be answered twice
+// only during a handover: within a Lease duration of the agent's start. At
+// the end the owner answers alone.
 func TestL2FlappingOwner(t *testing.T) {
-	d := startDualStackL2(t)
+	t.Run("leases", func(t *testing.T) { flappingOwner(t, startDualStackL2(t), 1500*time.Millisecond) })
+	t.Run("heartbeats", func(t *testing.T) {
+		key := filepath.Join(t.TempDir(), "l2-heartbeat-key")
+		if err := os.WriteFile(key, []byte("a key for the lab only, 32 bytes\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d := startDualStackL2With(t, func(c *l2.Config) { c.Heartbeat = &l2.HeartbeatConfig{KeyFile: key} })
+		flappingOwner(t, d, 300*time.Millisecond)
+	})
+}
+
+func flappingOwner(t *testing.T, d *dualStackL2, detection time.Duration) {
 	const lease = 1500 * time.Millisecond
 	x := d.owners[vip]
 	var starts []time.Time
 	cycles := 0
-	for _, every := range []time.Duration{lease / 2, 2 * lease} {
+	for _, every := range []time.Duration{detection / 2, 2 * detection} {
 		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); cycles++ {
 			_ = d.agents[x].Process.Kill()
 			time.Sleep(every)
@@ -228,8 +249,8 @@ func TestL2FlappingOwner(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d kills and restarts of %s's agent; %d rounds for each address; %d of them answered twice, each within a Lease duration of a restart",
-		cycles, x, len(d.probe.since(vip, d.settled)), doubles)
+	t.Logf("%d kills and restarts of %s's agent, every %v and %v; %d rounds for each address; %d of them answered twice, each within a Lease duration of a restart",
+		cycles, x, detection/2, 2*detection, len(d.probe.since(vip, d.settled)), doubles)
 }
 
 // TestL2PartitionOneOwnerEach: the owner of vip is cut off from the
