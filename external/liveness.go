@@ -58,6 +58,12 @@ const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
 // after. When this node's renewals come back, it announces every IP it
 // owns again (resumed). A node that cannot write its own Lease while the
 // watch works counts as cut off in the same way.
+//
+// Heartbeats. With a key, the nodes also send each other heartbeats on the
+// node network (l2heartbeat.go): a node one of whose heartbeats was taken
+// is judged by them alone, apiserver or not, and the rest of this comment
+// is about the nodes never heard that way. This node is dead to itself
+// while its L2 links are all down.
 type liveness struct {
 	client    kubernetes.Interface
 	namespace string
