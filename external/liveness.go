@@ -62,9 +62,9 @@ const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
 // Heartbeats. With a key, the nodes also send each other heartbeats on the
 // node network (l2heartbeat.go): a node one of whose heartbeats was taken
 // is judged by them (and by being heard answering since the last one),
-// apiserver or not, and the rest of this comment
-// is about the nodes never heard that way. This node is dead to itself
-// while its L2 links are all down.
+// apiserver or not; the rest of this comment is about the nodes never
+// heard that way. This node is dead to itself while its L2 links are all
+// down.
 type liveness struct {
 	client    kubernetes.Interface
 	namespace string
