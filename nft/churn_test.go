@@ -1003,7 +1003,7 @@ func (m *churnModel) probes(n int) []churnProbe {
 				for _, r := range p.SourceRanges {
 					in = in || r.Contains(podAddr)
 				}
-				if in || !hasEps {
+				if in { // outside the ranges: dropped, with or without endpoints
 					addFromPod(entryLoadBalancer, netip.AddrPortFrom(a, p.Port), p.ClusterEndpoints)
 				}
 			}
@@ -1021,7 +1021,7 @@ func (m *churnModel) probes(n int) []churnProbe {
 				for _, r := range p.SourceRanges {
 					in = in || r.Contains(netip.MustParseAddr(clientIP)) || r.Contains(netip.MustParseAddr(clientIP6))
 				}
-				if in || !hasEps {
+				if in { // outside the ranges: dropped, with or without endpoints
 					add(entryLoadBalancer, netip.AddrPortFrom(a, p.Port), external)
 				}
 			}

@@ -90,11 +90,15 @@
 //	chain aep<f>/...@<endpoint>
 //	    update @aff<f>/...@<endpoint> { ip saddr timeout <timeout> } counter dnat ip to <endpoint>
 //
-// Each chain that picks endpoints has its own clients; a new timeout
-// rewrites the aep chain's rule and keeps the remembered clients:
-//
-//	chain ext<f>/...   its clients are in @affx<f>/...@<endpoint>, sent on by chain aepx<f>/...@<endpoint>
-//	chain all<f>/...   its clients are in @affa<f>/...@<endpoint>, sent on by chain aepa<f>/...@<endpoint>
+// The sets and aep chains are the portal's, one per endpoint, shared by
+// every chain of the portal that picks endpoints (svc, and ext and all
+// below), as kube-proxy shares them: a client that reached an endpoint by
+// one way in is sent back to it by the others that have it (a client of
+// an externalTrafficPolicy: Local Service sticks to one pod through its
+// cluster IP and its node port). Once the portal has two endpoints, a
+// chain with one goes through its aep chain too (goto aep<f>/...@<endpoint>),
+// so that the client is remembered for the others. A new timeout rewrites
+// the aep chain's rule and keeps the remembered clients.
 //
 // Policies add chains in front (a way in is a @vips4 or @nodeports4 element
 // whose goto names the first chain it takes):

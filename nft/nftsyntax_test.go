@@ -89,7 +89,7 @@ func TestRulesetTextMatchesNft(t *testing.T) {
 		"ct state new jump noep-check",
 		"numgen random mod 3 vmap {",
 		"update @aff4/demo/sticky/tcp/_@10.244.1.2:8080 {",
-		"update @affx4/demo/sticky/tcp/_@10.244.1.2:8080 {",
+		"@nh,96,32 @aff4/demo/itp/tcp/x@10.244.2.2:8080 goto aep4/demo/itp/tcp/x@10.244.2.2:8080",
 		"snat ip to ip saddr map @pod-snat4",
 		"dnat ip to 10.244.2.2:8080",
 	} {

@@ -26,6 +26,11 @@ type chainBody struct {
 	// with affinity, whose chains remember a client's endpoint and pick
 	// a new client's at random.
 	maglev bool
+	// remember: with affinity, the portal's chains have more than one
+	// endpoint between them, so that every chain, also one with a single
+	// endpoint, sends a client through the endpoint's affinity chain,
+	// which remembers it for the others.
+	remember bool
 	// topology is the portal's Topology, on the chain that holds its
 	// Cluster-policy endpoints: its rules' tag carries it for dump-rules.
 	topology string
@@ -48,33 +53,46 @@ func (b chainBody) equal(o chainBody) bool {
 // rules while the size of its table stays (and it has endpoints).
 func (b chainBody) sameRules(o chainBody) bool {
 	return b.family == o.family && b.shortCircuit == o.shortCircuit &&
-		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev && b.topology == o.topology &&
+		b.affinity == o.affinity && b.remember == o.remember && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev && b.topology == o.topology &&
 		(len(b.endpoints) == 0) == (len(o.endpoints) == 0) && b.tableSize() == o.tableSize()
 }
 
 // affinityObjects names, for each endpoint of a chain with ClientIP
 // affinity, the set of clients that stick to it and the chain that sends
-// them there. Each portal chain (svc, ext, all) has its own, named after it
-// and the endpoint, so that an endpoint that stays keeps its clients across
-// changes (a new timeout included), as in kube-proxy.
+// them there. They are the portal's, named after its svc chain and the
+// endpoint, and shared by all its chains (svc, ext, all) as kube-proxy
+// shares an endpoint's affinity between the ways in: a client sent to an
+// endpoint by one way in is sent there by the others, and an endpoint
+// that stays keeps its clients across changes (a new timeout included).
 func (b chainBody) affinityObjects(chain string) map[netip.AddrPort][2]string {
-	if b.affinity == 0 || len(b.endpoints) < 2 {
+	if b.affinity == 0 || !b.remember {
 		return nil
 	}
-	// aep4/... for a svc chain, aepx4/... for an ext chain, aepa4/... for
-	// an all chain; the sets likewise with aff.
-	kind, rest := kindService, chain
+	rest := chain
 	for _, k := range []string{kindService, kindExternal, kindAll} {
 		if strings.HasPrefix(chain, k) {
-			kind, rest = k, chain[len(k):]
+			rest = chain[len(k):]
 			break
 		}
 	}
-	suffix := map[string]string{kindService: "", kindExternal: "x", kindAll: "a"}[kind]
 	out := make(map[netip.AddrPort][2]string, len(b.endpoints))
 	for _, ep := range b.endpoints {
-		tail := suffix + rest + "@" + ep.String()
+		tail := rest + "@" + ep.String()
 		out[ep] = [2]string{affinitySetPrefix + tail, kindAffinityEndpoint + tail}
+	}
+	return out
+}
+
+// affinityObjects are those of all o's chains.
+func (o *objects) affinityObjects() map[[2]string]bool {
+	var out map[[2]string]bool
+	for name, body := range o.chains {
+		for _, names := range body.affinityObjects(name) {
+			if out == nil {
+				out = map[[2]string]bool{}
+			}
+			out[names] = true
+		}
 	}
 	return out
 }
@@ -207,6 +225,22 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 			}
 			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setNodePortMarks(f), key: string(key)})
+			}
+		}
+	}
+	if aff > 0 {
+		// A client is remembered as soon as the portal has two endpoints
+		// to choose from, by whichever chain sent it.
+		eps := map[netip.AddrPort]bool{}
+		for _, body := range o.chains {
+			for _, ep := range body.endpoints {
+				eps[ep] = true
+			}
+		}
+		if len(eps) > 1 {
+			for name, body := range o.chains {
+				body.remember = true
+				o.chains[name] = body
 			}
 		}
 	}

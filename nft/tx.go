@@ -247,6 +247,15 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 		n = emptyObjects
 	}
 	changed := false
+	// The affinity sets and chains are the portal's, shared by its
+	// chains: they go when no chain of the portal wants them any more.
+	if keep, had := n.affinityObjects(), o.affinityObjects(); len(had) > 0 {
+		for names := range had {
+			if !keep[names] {
+				t.delAff = append(t.delAff, names) // set, chain
+			}
+		}
+	}
 	for name := range o.chains {
 		if _, ok := n.chains[name]; !ok {
 			t.delChains = append(t.delChains, name)
@@ -533,7 +542,7 @@ func (t *tx) chainRules(name string, body chainBody) {
 		if body.dropIfEmpty {
 			add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
 		}
-	case n == 1 && body.affinity > 0: // nothing to remember: one endpoint
+	case n == 1 && body.affinity > 0 && !body.remember: // nothing to remember: one endpoint
 		ep := body.endpoints[0]
 		al := addrLen(f)
 		add([]expr.Any{counter(),
@@ -608,6 +617,12 @@ func dnatFrom(f portal.Family, reg uint32) *expr.NAT {
 func (t *tx) affinityRules(name string, body chainBody) []pendingRule {
 	f := body.family
 	objs := body.affinityObjects(name)
+	if len(body.endpoints) == 1 {
+		// The only endpoint, remembered for the portal's other chains.
+		ep := body.endpoints[0]
+		t.affinityEndpoint(f, objs[ep][0], objs[ep][1], ep, body.affinity)
+		return []pendingRule{{exprs: []expr.Any{verdict(expr.VerdictGoto, objs[ep][1])}}}
+	}
 	var rules []pendingRule
 	var vmElems []nftables.SetElement
 	for i, ep := range body.endpoints {
@@ -683,15 +698,8 @@ func (t *tx) delEndpoint(f portal.Family, id uint32, i int) {
 	t.delElems[s] = append(t.delElems[s], nftables.SetElement{Key: epKey(id, i)})
 }
 
-// dropEndpoints deletes the endpoint-map elements of a chain's old body,
-// and its affinity map when the new body has another or none.
-func (t *tx) dropEndpoints(name string, old, next chainBody) {
-	keep := next.affinityObjects(name)
-	for ep, o := range old.affinityObjects(name) {
-		if keep[ep] != o {
-			t.delAff = append(t.delAff, o) // set, chain
-		}
-	}
+// dropEndpoints deletes the endpoint-map elements of a chain's old body.
+func (t *tx) dropEndpoints(name string, old chainBody) {
 	if !old.usesEndpointMap() {
 		return // no endpoint-map elements
 	}
@@ -804,12 +812,12 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 		if t.rewrite[name] {
 			t.conn.FlushChain(&nftables.Chain{Name: name, Table: t.b.table})
 			t.stats.Messages++
-			t.dropEndpoints(name, t.oldBodies[name], t.bodies[name])
+			t.dropEndpoints(name, t.oldBodies[name])
 		}
 		t.chainRules(name, t.bodies[name])
 	}
 	for _, name := range t.delChains {
-		t.dropEndpoints(name, t.oldBodies[name], chainBody{})
+		t.dropEndpoints(name, t.oldBodies[name])
 		t.b.releaseID(name)
 	}
 	if t.kernel != nil {
