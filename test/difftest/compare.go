@@ -79,6 +79,13 @@ func (r *runner) runSteps(ctx context.Context, c *Case, steps []step) (diffs []d
 				r.log.Warn("remove case", "seed", c.Seed, "err", err)
 			}
 		}
+		// Both proxies see the case gone before the next is written: a
+		// Service of the same name written at once could be taken for an
+		// update of the old one and keep its state, such as the clients
+		// its ClientIP affinity remembers.
+		if err := r.both(func(_ int, tw *Twin) error { return tw.sync(context.WithoutCancel(ctx)) }); err != nil {
+			r.log.Warn("sync after removing case", "seed", c.Seed, "err", err)
+		}
 	}()
 	diffs, err = r.step(ctx, nil, c, "", nil)
 	for i, st := range steps {
