@@ -152,3 +152,42 @@ func checkSlices(t *testing.T, seed uint64, s *ServiceCase) {
 		}
 	}
 }
+
+// Every way in of both families is probed: each cluster IP on each port
+// and on the undefined port, each NodePort on each node's IPv4 and IPv6
+// address, each externalIP and load-balancer IP on each port, and an
+// unallocated cluster IP of each family; the outside client only where it
+// can be routed.
+func TestProbesCoverBothFamilies(t *testing.T) {
+	for seed := range uint64(500) {
+		c := generate(seed)
+		probed := map[string]bool{}
+		for _, p := range c.probes() {
+			probed[p.To.Proto+" "+p.To.Addr] = true
+			if p.From.Outside && !p.To.Outside {
+				t.Errorf("seed %d: the outside client probes %s", seed, p.To)
+			}
+		}
+		want := []string{"tcp " + hostPort(unallocatedIP.String(), 80), "tcp " + hostPort(unallocatedIP6.String(), 80)}
+		for _, s := range c.Services {
+			spec := s.Service.Spec
+			for _, p := range spec.Ports {
+				pr := proto(p.Protocol)
+				for _, ip := range append(append(append([]string(nil), spec.ClusterIPs...), spec.ExternalIPs...), s.Ingress...) {
+					want = append(want, pr+" "+hostPort(ip, p.Port))
+				}
+				for n := 1; p.NodePort != 0 && n <= nodes; n++ {
+					want = append(want, pr+" "+hostPort(nodeIP(n).String(), p.NodePort), pr+" "+hostPort(nodeIP6(n).String(), p.NodePort))
+				}
+			}
+			for _, ip := range spec.ClusterIPs {
+				want = append(want, proto(spec.Ports[0].Protocol)+" "+hostPort(ip, undefinedPort))
+			}
+		}
+		for _, w := range want {
+			if !probed[w] {
+				t.Errorf("seed %d: no probe to %s", seed, w)
+			}
+		}
+	}
+}
