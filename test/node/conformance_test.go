@@ -181,7 +181,7 @@ func TestConformance(t *testing.T) {
 		case tc.Failure != nil || tc.Error != nil:
 			failed = append(failed, tc.Name)
 		default:
-			passed = append(passed, tc.Name)
+			passed = append(passed, fmt.Sprintf("%s (%.0fs)", tc.Name, tc.Time))
 		}
 	}
 	sort.Strings(passed)
@@ -213,7 +213,8 @@ func TestConformance(t *testing.T) {
 
 type junitSuite struct {
 	Cases []struct {
-		Name    string `xml:"name,attr"`
+		Name    string  `xml:"name,attr"`
+		Time    float64 `xml:"time,attr"` // seconds
 		Skipped *struct {
 			Message string `xml:"message,attr"`
 		} `xml:"skipped"`
