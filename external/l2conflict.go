@@ -33,7 +33,8 @@ const probeWait = 200 * time.Millisecond
 // Before this node takes an IP over from a node judged dead, it probes
 // for it (probeTakeovers): a node that still answers (its agent cut off
 // from the apiserver but serving, its Lease's renewals late) is alive, and
-// keeps the IP. Then a node whose Lease expired while it still answers
+// keeps the IP. A node that said it stops (its last heartbeat, its Lease
+// deleted) is not probed for: its IPs are taken over at once. Then a node whose Lease expired while it still answers
 // is not joined by a second one.
 type l2Conflicts struct {
 	// announce announces IPs again (the responder's Reannounce); probe
@@ -43,6 +44,10 @@ type l2Conflicts struct {
 	lv       *liveness
 	poke     func()
 	log      *slog.Logger
+	// stopping, when set, says this node is stopping: its last heartbeat
+	// said it leaves, another node is taking its IPs over, and it must
+	// not defend them against that node while its responder closes.
+	stopping func() bool
 
 	mu sync.Mutex
 	// last is the state the provider was last told: the owner is
@@ -60,6 +65,9 @@ func (c *l2Conflicts) told(s *State) {
 
 // heard handles mac announcing ip, which the responder answers for.
 func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
+	if c.stopping != nil && c.stopping() {
+		return
+	}
 	node := c.lv.nodeOf(mac)
 	c.lv.heardFrom(node)
 	c.mu.Lock()
@@ -97,7 +105,10 @@ func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
 func (c *l2Conflicts) probeTakeovers(s *State, took map[netip.Addr]string, own []netip.Addr) []netip.Addr {
 	var ask []netip.Addr
 	for ip, from := range took {
-		if !s.Alive(from) {
+		// A node that stopped cleanly said so: its responder is closing,
+		// and one that answers the probe now would hold the IP back
+		// for a lease duration while nobody answers for it.
+		if !s.Alive(from) && !c.lv.left(from) {
 			ask = append(ask, ip)
 		}
 	}

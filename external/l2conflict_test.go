@@ -86,12 +86,22 @@ func TestL2ConflictLowerRankYields(t *testing.T) {
 		t.Errorf("a stranger announced %s: a announced %v, want [%s]", bFirst, announced, bFirst)
 	}
 	c.want("a stranger heard", map[string]bool{"b": false})
+
+	// a stops: b taking its IPs over is not fought.
+	announced, pokes = nil, 0
+	cf.defended = nil
+	cf.stopping = func() bool { return true }
+	cf.heard(aFirst, bMAC)
+	if len(announced) != 0 || pokes != 0 {
+		t.Errorf("a stopping, b heard for %s: announced %v, %d wake-ups; want none", aFirst, announced, pokes)
+	}
 }
 
 // TestL2ProbeBeforeTakeover: a is about to take an IP over from b, whose
 // Lease expired. If b still answers a's probe, b is alive and keeps the
 // IP; if nothing answers, or a host no Lease names, a takes it over. An
-// IP that was nobody's, or whose owner is alive, is not probed for.
+// IP that was nobody's, or whose owner is alive or stopped cleanly (its
+// Lease deleted), is not probed for.
 func TestL2ProbeBeforeTakeover(t *testing.T) {
 	c := newClockedLiveness(t)
 	bMAC, _ := net.ParseMAC("02:00:00:00:00:0b")
@@ -139,4 +149,16 @@ func TestL2ProbeBeforeTakeover(t *testing.T) {
 		return nil
 	}}
 	cf.probeTakeovers(st, tookOver(st, func(ip netip.Addr) string { return before[ip] }, nil, []netip.Addr{ip}), []netip.Addr{ip})
+
+	// b stopped cleanly and deleted its Lease: its IP is taken over
+	// without a probe, which b's closing responder could still answer.
+	c.advance(4*time.Second, time.Second, "a")
+	c.forget(leasePrefix + "b")
+	cf = l2Conflicts{lv: c.liveness, probe: func([]netip.Addr, time.Duration) map[netip.Addr]net.HardwareAddr {
+		t.Error("probed for an IP whose owner stopped cleanly")
+		return map[netip.Addr]net.HardwareAddr{ip: bMAC}
+	}}
+	if got := cf.probeTakeovers(st, tookOver(st, func(ip netip.Addr) string { return before[ip] }, nil, []netip.Addr{ip}), []netip.Addr{ip}); !slices.Equal(got, []netip.Addr{ip}) {
+		t.Errorf("b's Lease deleted: took %v, want %s", got, ip)
+	}
 }

@@ -25,7 +25,9 @@ import (
 // never heard from is judged); a node's heartbeats, once one was taken,
 // decide over its Lease. While this node's L2 links are all down it sends
 // none and renews no Lease, and counts itself dead: it gives its IPs up,
-// and the others take them.
+// and the others take them. A stopping agent stops answering, then says
+// in its last heartbeat that it leaves: the others take its IPs over at
+// once, without probing for it.
 
 // minHeartbeatKey is the shortest key taken.
 const minHeartbeatKey = 16
@@ -129,6 +131,18 @@ func (h *Hook) startHeartbeat(ctx context.Context, wg *sync.WaitGroup) {
 		return
 	}
 	hb.SetUp(links.up)
+	// A clean stop: this node stops answering before it tells the others
+	// it leaves. They take its IPs over at once, without a probe; were it
+	// still answering, a reply of its own to their announcement would
+	// make it alive again to them, and they would yield to it.
+	hb.SetBeforeLeave(func() {
+		h.mu.Lock()
+		r := h.l2r
+		h.mu.Unlock()
+		if r != nil {
+			r.Close()
+		}
+	})
 	h.mu.Lock()
 	h.beats = hb
 	h.mu.Unlock()

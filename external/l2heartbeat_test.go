@@ -19,6 +19,7 @@ type clockedBeats struct {
 }
 
 func (b *clockedBeats) Alive(node string) (bool, bool, time.Time) { return b.p.State(node, b.c.clock) }
+func (b *clockedBeats) Left(node string) bool                     { return b.p.Left(node) }
 
 func (b *clockedBeats) beat(nodes ...string) {
 	for _, n := range nodes {

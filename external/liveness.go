@@ -121,6 +121,8 @@ type liveness struct {
 // one, at last, is recent enough.
 type heartbeats interface {
 	Alive(node string) (alive, known bool, last time.Time)
+	// Left: its last heartbeat said it leaves (a clean stop).
+	Left(node string) bool
 }
 
 type observed struct {
@@ -256,6 +258,9 @@ func (l *liveness) forget(name string) {
 	}
 	l.mu.Lock()
 	delete(l.seen, node)
+	// Heard before its Lease went, it is not alive for that: its agent
+	// stopped.
+	delete(l.heard, node)
 	l.publishedLocked(node, "")
 	l.mu.Unlock()
 	l.changed()
@@ -275,6 +280,20 @@ func (l *liveness) alive(node string) bool {
 		return (l.synced == nil || l.synced()) && !l.ownRenew.IsZero() && (l.linkUp == nil || l.linkUp())
 	}
 	return l.aliveLocked(node, l.now())
+}
+
+// left: node stopped cleanly, and said so: its last heartbeat said it
+// leaves, or its Lease is gone (deleted by its stopping agent). Nothing
+// of it answers any more, or soon will not: its IPs are taken over
+// without a probe for it.
+func (l *liveness) left(node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.beats != nil && l.beats.Left(node) {
+		return true
+	}
+	_, ok := l.seen[node]
+	return !ok
 }
 
 // linksUp: this node's L2 links are up, or not looked at.

@@ -394,7 +394,7 @@ func (h *Hook) startBGP(ctx context.Context) (Provider, error) {
 // startL2 starts this node's ARP/NDP responder; its liveness Lease is
 // renewed only once it answers (Run starts it), so that no other node
 // counts on this one for an IP it cannot announce.
-func (h *Hook) startL2(context.Context) (Provider, error) {
+func (h *Hook) startL2(ctx context.Context) (Provider, error) {
 	cfg := h.conf()
 	c := cfg.L2
 	ifaces, err := withPatterns(c.Interfaces, cfg.l2Patterns)
@@ -432,7 +432,8 @@ func (h *Hook) startL2(context.Context) (Provider, error) {
 		}
 		h.liveness.linkAddrs = h.l2LinkAddrs
 	}
-	p := &l2Provider{r: r, idx: newL2Owners(), tookOver: h.l2TookOver, conflicts: l2Conflicts{announce: r.Reannounce, probe: r.Probe, lv: h.liveness, poke: h.poke, log: h.log}}
+	p := &l2Provider{r: r, idx: newL2Owners(), tookOver: h.l2TookOver, conflicts: l2Conflicts{announce: r.Reannounce, probe: r.Probe, lv: h.liveness, poke: h.poke, log: h.log,
+		stopping: func() bool { return ctx.Err() != nil }}}
 	r.OnConflict(p.conflicts.heard)
 	return p, nil
 }

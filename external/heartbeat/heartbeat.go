@@ -59,6 +59,9 @@ type Heartbeat struct {
 	up func() bool
 	// said is when a rejected datagram of each source was last logged.
 	said map[netip.Addr]time.Time
+	// beforeLeave, when set, runs before the datagram saying this node
+	// leaves is sent.
+	beforeLeave func()
 }
 
 // Listen binds cfg.Bind. changed is called (from Run's goroutines) when a
@@ -95,6 +98,15 @@ func (h *Heartbeat) SetUp(up func() bool) {
 	h.mu.Unlock()
 }
 
+// SetBeforeLeave makes Run call f when ctx ends, before it tells the
+// peers this node leaves: what the peers take over once told must be
+// given up first.
+func (h *Heartbeat) SetBeforeLeave(f func()) {
+	h.mu.Lock()
+	h.beforeLeave = f
+	h.mu.Unlock()
+}
+
 // SetPeers makes these nodes, at these addresses, the peers; those of
 // another address family than the bound address are left out. A peer's
 // datagrams are taken only from its address.
@@ -124,8 +136,15 @@ func (h *Heartbeat) Alive(node string) (alive, known bool, last time.Time) {
 	return h.peers.State(node, time.Now())
 }
 
-// Run sends and receives until ctx ends, then tells the peers this node
-// leaves and closes the socket.
+// Left says whether node said it leaves in its last heartbeat (Peers.Left).
+func (h *Heartbeat) Left(node string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.peers.Left(node)
+}
+
+// Run sends and receives until ctx ends, then (after SetBeforeLeave's
+// function) tells the peers this node leaves and closes the socket.
 func (h *Heartbeat) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(h.receive)
@@ -138,6 +157,12 @@ func (h *Heartbeat) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			h.mu.Lock()
+			f := h.beforeLeave
+			h.mu.Unlock()
+			if f != nil {
+				f()
+			}
 			h.send(true)
 			_ = h.conn.Close()
 			wg.Wait()

@@ -68,7 +68,7 @@ func (p *Peers) Accept(m Message, now time.Time) (changed bool, err error) {
 	pr.heard, pr.floor, pr.inc, pr.seq = true, true, m.Incarnation, m.Seq
 	was := pr.alive && now.Sub(pr.last) < p.timeout
 	if m.Leaving {
-		pr.alive, pr.leftAtInc = false, true
+		pr.last, pr.alive, pr.leftAtInc = now, false, true
 		return was, nil
 	}
 	pr.last, pr.alive, pr.leftAtInc = now, true, false
@@ -89,9 +89,17 @@ func (p *Peers) Unverified(node string) bool {
 	return true
 }
 
+// Left says whether node's last datagram taken said it leaves (a clean
+// stop), and no newer one came.
+func (p *Peers) Left(node string) bool {
+	pr := p.peers[node]
+	return pr != nil && pr.heard && pr.leftAtInc
+}
+
 // State is node's heartbeat liveness at now: known once a datagram of it
 // was taken; then alive while the last one is less than timeout old (and
-// it did not say it leaves). last is when that one came.
+// it did not say it leaves). last is when that one came (when it said
+// it leaves, if it did).
 func (p *Peers) State(node string, now time.Time) (alive, known bool, last time.Time) {
 	pr := p.peers[node]
 	if pr == nil || !pr.heard {

@@ -101,8 +101,11 @@ func TestPeersMissCounting(t *testing.T) {
 	if changed, err := p.Accept(Message{Node: "c", Incarnation: 1, Seq: seq + 1, Leaving: true}, at(1010)); err != nil || !changed {
 		t.Errorf("c leaving: changed %v, %v", changed, err)
 	}
-	if alive, _, _ := p.State("c", at(1010)); alive {
-		t.Error("c left: alive")
+	if alive, _, last := p.State("c", at(1010)); alive || !p.Left("c") || !last.Equal(at(1010)) {
+		t.Errorf("c left: alive %v, Left %v, last %v; want dead, left at 1010 ms", alive, p.Left("c"), last)
+	}
+	if p.Left("b") {
+		t.Error("b, which missed its heartbeats and came back, Left")
 	}
 	if got := p.Expire(at(2000)); !slices.Equal(got, []string{"b"}) {
 		t.Errorf("Expire at 2 s: %v, want only b (c was reported when it left)", got)

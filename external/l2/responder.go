@@ -37,8 +37,9 @@ import (
 // sockets on it and announces its IPs there again. Netlink link and address
 // updates say when; a read error and a periodic check back them up.
 type Responder struct {
-	log   *slog.Logger
-	links []*link
+	log       *slog.Logger
+	links     []*link
+	closeOnce sync.Once
 
 	mu    sync.Mutex
 	owned map[netip.Addr]bool
@@ -676,13 +677,11 @@ func (r *Responder) serveNDP(s *sockets) {
 }
 
 // Close stops answering. Neighbours keep their cache entries until the next
-// owner's gratuitous announcement replaces them.
-func (r *Responder) Close() {
-	select {
-	case <-r.done:
-		return
-	default:
-	}
+// owner's gratuitous announcement replaces them. It may be called more than
+// once, also at the same time: each call returns once it stopped.
+func (r *Responder) Close() { r.closeOnce.Do(r.close) }
+
+func (r *Responder) close() {
 	close(r.done)
 	r.wg.Wait() // the watcher opens no more sockets
 	for _, l := range r.links {

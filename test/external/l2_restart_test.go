@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/l2"
@@ -144,6 +145,7 @@ func TestL2OneOwnerAfterRestart(t *testing.T) {
 // answered by its owner alone.
 type dualStackL2 struct {
 	lab     *topo
+	c       kubernetes.Interface
 	sp      *split
 	cfg     external.Config
 	agents  map[string]*exec.Cmd
@@ -156,8 +158,8 @@ type dualStackL2 struct {
 func startDualStackL2(t *testing.T) *dualStackL2 { return startDualStackL2With(t, nil) }
 
 // startDualStackL2With is startDualStackL2 with l2's configuration (Lease
-// 0.5 s / 1.5 s) changed by tune (nil: as it is).
-func startDualStackL2With(t *testing.T, tune func(*l2.Config)) *dualStackL2 {
+// 0.5 s / 1.5 s) changed by tune (nil: as it is), and the Service by opts.
+func startDualStackL2With(t *testing.T, tune func(*l2.Config), opts ...svcOpt) *dualStackL2 {
 	t.Helper()
 	lab := newL2Lab(t)
 	cp, c := lab.twoNodeCluster("sw")
@@ -172,15 +174,15 @@ func startDualStackL2With(t *testing.T, tune func(*l2.Config)) *dualStackL2 {
 	})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
 	sp.runController(cfg, "onehop-controller-0", "")
-	d := &dualStackL2{lab: lab, sp: sp, cfg: cfg, agents: map[string]*exec.Cmd{}, owners: map[string]string{},
+	d := &dualStackL2{lab: lab, c: c, sp: sp, cfg: cfg, agents: map[string]*exec.Cmd{}, owners: map[string]string{},
 		mac: map[string]string{"node1": lab.mac("node1", "eth0"), "node2": lab.mac("node2", "eth0")}}
 	for _, n := range []string{"node1", "node2"} {
 		d.agents[n] = sp.startNodeAgent(lab, n, cfg)
 	}
-	createLB(t, c, "web", 80, func(s *corev1.Service) {
+	createLB(t, c, "web", 80, append([]svcOpt{func(s *corev1.Service) {
 		s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicyRequireDualStack)
 		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
-	})
+	}}, opts...)...)
 	if ips := lbIPs(t, c, "web", "allocation", func(ips []string) bool { return len(ips) == 2 }); !slices.Contains(ips, vip) || !slices.Contains(ips, vip6) {
 		t.Fatalf("web got %v, want %s and %s", ips, vip, vip6)
 	}

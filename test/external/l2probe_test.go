@@ -35,8 +35,10 @@ type l2Prober struct {
 	// open are the answers to each address's request in flight.
 	open    map[netip.Addr]map[string]bool
 	answers []l2Answers
-	// announced are the gratuitous announcements heard.
+	// announced are the gratuitous announcements heard; probes the ARP
+	// probes (RFC 5227, from 0.0.0.0) heard, as form "probe".
 	announced []l2Announcement
+	probes    []l2Announcement
 	done      chan struct{}
 	wg        sync.WaitGroup
 }
@@ -174,6 +176,10 @@ func (p *l2Prober) readARP() {
 			p.announcement(a.SenderIP, a.SenderHardwareAddr, map[arp.Operation]string{arp.OperationRequest: "request", arp.OperationReply: "reply"}[a.Operation])
 		} else if a.Operation == arp.OperationReply {
 			p.heard(a.SenderIP, a.SenderHardwareAddr)
+		} else if a.SenderIP.IsUnspecified() {
+			p.mu.Lock()
+			p.probes = append(p.probes, l2Announcement{at: time.Now(), ip: a.TargetIP.Unmap(), mac: a.SenderHardwareAddr.String(), form: "probe"})
+			p.mu.Unlock()
 		}
 	}
 }
