@@ -11,6 +11,7 @@
 #   onehop.timeout=<dur>     passed as -test.timeout (default 400s)
 #   onehop.args=<a,b,...>    extra test flags, comma separated
 #   onehop.env=<K=V,...>     environment of the test binaries, comma separated
+#   onehop.modules=<m,...>   kernel modules to load beyond /etc/mods (packed by image.sh)
 export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 export ONEHOP_VM=1 HOME=/tmp TMPDIR=/tmp
 mount -t proc proc /proc
@@ -19,11 +20,18 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
 mkdir -p /run/netns
+# A hostname: kube-apiserver labels its identity Lease with it, and
+# refuses the kernel's "(none)".
+hostname onehop-vm
 # Only critical kernel messages on the console: the serial port is slow
 # under emulation, and IPVS logs every connection it has no destination for.
 echo 2 >/proc/sys/kernel/printk
 echo "ONEHOP-VM-BOOTED uptime=$(cut -d' ' -f1 /proc/uptime)s kernel=$(uname -r)"
-for m in $(cat /etc/mods); do
+optmods=""
+for o in $(cat /proc/cmdline); do
+	case "$o" in onehop.modules=*) optmods=$(echo "${o#onehop.modules=}" | tr ',' ' ') ;; esac
+done
+for m in $(cat /etc/mods) $optmods; do
 	modprobe "$m" 2>/dev/null || echo "ONEHOP-VM-WARN modprobe $m failed"
 done
 /sbin/ip link set lo up # IPVS refuses destinations while the local FIB table is empty

@@ -1,6 +1,9 @@
 package vm
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseConsole(t *testing.T) {
 	lines := []string{
@@ -26,8 +29,9 @@ func TestParseConsole(t *testing.T) {
 }
 
 func TestGuestEnv(t *testing.T) {
-	got := guestEnv([]string{"PATH=/bin", "ONEHOP_CHURN_SEED=42", "ONEHOP_CHURN_SECONDS=60", "ONEHOP_CHURN_X=a b", "ONEHOP_VM_RUN=x"})
-	if got != "ONEHOP_CHURN_SEED=42,ONEHOP_CHURN_SECONDS=60" {
+	got := guestEnv([]string{"PATH=/bin", "ONEHOP_CHURN_SEED=42", "ONEHOP_CHURN_SECONDS=60", "ONEHOP_CHURN_X=a b",
+		"ONEHOP_VM_RUN=x", "ONEHOP_DIFFTEST_CASES=5", "ONEHOP_DIFFTEST_SEED=a,b"})
+	if got := strings.Join(got, ","); got != "ONEHOP_CHURN_SEED=42,ONEHOP_CHURN_SECONDS=60,ONEHOP_DIFFTEST_CASES=5" {
 		t.Errorf("guestEnv: %q", got)
 	}
 }

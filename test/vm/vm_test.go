@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,19 @@ import (
 // ":regexp" suffix runs only the matching tests of that package: the nft
 // package's SCTP test runs here because the host kernel has no SCTP.
 var GuestPackages = []string{"./ipvs", "./nft:TestSCTP"}
+
+// EnvPackages names the environment variable that replaces GuestPackages
+// for one run (comma separated, same syntax), e.g.
+// ONEHOP_VM_PACKAGES=./test/difftest:TestDifferentialIPVS.
+const EnvPackages = "ONEHOP_VM_PACKAGES"
+
+// guestPackages returns $ONEHOP_VM_PACKAGES, or GuestPackages.
+func guestPackages() []string {
+	if s := os.Getenv(EnvPackages); s != "" {
+		return strings.Split(s, ",")
+	}
+	return GuestPackages
+}
 
 const qemu = "qemu-system-x86_64"
 
@@ -49,7 +63,27 @@ func TestIPVSInVM(t *testing.T) {
 	// 1. Static test binaries: the guest has no libc for them.
 	var bins []string
 	var perBinaryRun []string
-	for _, spec := range GuestPackages {
+	packages := guestPackages()
+	// What the selected packages need beyond their test binaries.
+	memory, extraEnv, modules := guestMemoryMB, []string(nil), []string(nil)
+	for _, spec := range packages {
+		pkg, _, _ := strings.Cut(spec, ":")
+		need, ok := guestNeeds[pkg]
+		if !ok {
+			continue
+		}
+		files, err := need.files(ctx, root, work)
+		if err != nil {
+			t.Fatalf("files %s needs in the guest: %v", pkg, err)
+		}
+		for _, guestPath := range slices.Sorted(maps.Keys(files)) {
+			bins = append(bins, guestPath+"="+files[guestPath])
+		}
+		extraEnv = append(extraEnv, need.env...)
+		modules = append(modules, need.modules...)
+		memory = max(memory, need.memoryMB)
+	}
+	for _, spec := range packages {
 		pkg, run, _ := strings.Cut(spec, ":")
 		name := filepath.Base(pkg) + ".test"
 		if run != "" {
@@ -104,8 +138,11 @@ func TestIPVSInVM(t *testing.T) {
 		guestTimeout = time.Minute
 	}
 	appendLine := fmt.Sprintf("console=ttyS0 panic=-1 quiet onehop.timeout=%ds ", int(guestTimeout.Seconds())) + strings.Join(perBinaryRun, " ")
-	if env := guestEnv(os.Environ()); env != "" {
+	if env := strings.Join(append(extraEnv, guestEnv(os.Environ())...), ","); env != "" {
 		appendLine += " onehop.env=" + env
+	}
+	if len(modules) > 0 {
+		appendLine += " onehop.modules=" + strings.Join(modules, ",")
 	}
 	if r := os.Getenv("ONEHOP_VM_RUN"); r != "" {
 		if strings.ContainsAny(r, " \t") {
@@ -113,7 +150,7 @@ func TestIPVSInVM(t *testing.T) {
 		}
 		appendLine += " onehop.run=" + r
 	}
-	base := []string{"-smp", "2", "-m", "1024M", "-nographic", "-no-reboot", "-nic", "none",
+	base := []string{"-smp", "2", "-m", fmt.Sprintf("%dM", memory), "-nographic", "-no-reboot", "-nic", "none",
 		"-kernel", paths["kernel"], "-initrd", paths["initrd"], "-append", appendLine}
 	accels := [][]string{{"-accel", "tcg"}}
 	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil && os.Getenv("ONEHOP_VM_ACCEL") != "tcg" {
@@ -147,7 +184,7 @@ func TestIPVSInVM(t *testing.T) {
 	if err != nil {
 		t.Fatalf("guest did not finish (qemu: %v, ctx: %v): %v", qerr, qctxErr, err)
 	}
-	for _, spec := range GuestPackages {
+	for _, spec := range packages {
 		pkg, _, _ := strings.Cut(spec, ":")
 		name := filepath.Base(pkg) + ".test"
 		r, ok := res[name]
@@ -165,16 +202,17 @@ func TestIPVSInVM(t *testing.T) {
 }
 
 // guestEnv is the host's ONEHOP_CHURN_* variables (the churn tests' seed
-// and length) as init.sh's onehop.env: K=V,K=V. Values with spaces or
-// commas cannot travel on the kernel command line and are left out.
-func guestEnv(environ []string) string {
+// and length) and ONEHOP_DIFFTEST_* (the differential tester's seed and
+// number of cases), for init.sh's onehop.env: K=V,K=V. Values with spaces
+// or commas cannot travel on the kernel command line and are left out.
+func guestEnv(environ []string) []string {
 	var out []string
 	for _, kv := range environ {
-		if strings.HasPrefix(kv, "ONEHOP_CHURN_") && !strings.ContainsAny(kv, " \t,\"") {
+		if (strings.HasPrefix(kv, "ONEHOP_CHURN_") || strings.HasPrefix(kv, "ONEHOP_DIFFTEST_")) && !strings.ContainsAny(kv, " \t,\"") {
 			out = append(out, kv)
 		}
 	}
-	return strings.Join(out, ",")
+	return out
 }
 
 var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1bc`)
