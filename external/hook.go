@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
@@ -84,6 +85,8 @@ type Hook struct {
 	// beats are the heartbeats between the L2 nodes (l2heartbeat.go;
 	// nil while off), guarded by mu.
 	beats *heartbeat.Heartbeat
+	// registerer, when set, holds the hook's own metrics (WithRegisterer).
+	registerer prometheus.Registerer
 
 	// Events (a node's on its Node object, the cluster-wide part's on
 	// Services), the cluster-wide part's webhook sender, and the name it
@@ -192,6 +195,7 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 	for _, o := range opts {
 		o(h)
 	}
+	h.registerMetrics()
 	h.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(portal.TrimManagedFields))
 	if h.watch != nil {
 		h.services, h.slices = h.watch.Services(), h.watch.Slices()

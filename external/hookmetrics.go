@@ -5,14 +5,19 @@ import (
 	"math"
 	"net/url"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onehop/onehop/dataplane"
+	"github.com/onehop/onehop/external/heartbeat"
 	"github.com/onehop/onehop/external/webhook"
 )
 
 // The hook's metrics (dataplane's hookMetrics, on the registry
 // WithProviderHealth gives): what each provider announces, each BGP
 // session's state (bgpsessions.go), the pools' addresses on the holder of
-// the allocator Lease, and the webhook sender's requests.
+// the allocator Lease, and the webhook sender's requests. The L2
+// heartbeats' are the hook's own (heartbeatCollector, on WithRegisterer's
+// registry).
 
 // announcing is a provider that can say how many IPs it announces now.
 type announcing interface{ announced() int }
@@ -81,4 +86,67 @@ func webhookOutcome(err error) string {
 		return dataplane.WebhookUnreachable
 	}
 	return dataplane.WebhookRejected
+}
+
+// WithRegisterer registers on reg the hook's metrics that it keeps itself
+// (those of the L2 heartbeats), beside those WithProviderHealth's metrics
+// hold. Without it they are not exposed.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(h *Hook) { h.registerer = reg }
+}
+
+// registerMetrics registers the hook's own collectors on h.registerer; a
+// registry that holds them already (a hook built again on it) keeps the
+// first.
+func (h *Hook) registerMetrics() {
+	if h.registerer == nil {
+		return
+	}
+	if err := h.registerer.Register(newHeartbeatCollector(h)); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		h.log.Warn("l2 heartbeat metrics not registered", "err", err)
+	}
+}
+
+// heartbeatCollector exposes the L2 heartbeats' state, read at each
+// scrape: no series while heartbeats are off.
+type heartbeatCollector struct {
+	h                        *Hook
+	peers, received, refused *prometheus.Desc
+}
+
+func newHeartbeatCollector(h *Hook) *heartbeatCollector {
+	return &heartbeatCollector{h: h,
+		peers: prometheus.NewDesc("onehop_l2_heartbeat_peers",
+			"The other L2 nodes by their heartbeats now: alive, dead (missed them, or said they leave), or unheard "+
+				"(none taken yet, or under a key this node lacks: judged by their Leases).", []string{"state"}, nil),
+		received: prometheus.NewDesc("onehop_l2_heartbeats_received_total",
+			"Heartbeat datagrams this node took from its peers.", nil, nil),
+		refused: prometheus.NewDesc("onehop_l2_heartbeats_refused_total",
+			"Heartbeat datagrams this node refused, by reason: bad_mac (under no key it holds), replay (not newer than "+
+				"the last taken from that node), wrong_source (not from the node's address), not_peer (from a node with "+
+				"no liveness Lease), malformed.", []string{"reason"}, nil),
+	}
+}
+
+func (c *heartbeatCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.peers
+	ch <- c.received
+	ch <- c.refused
+}
+
+func (c *heartbeatCollector) Collect(ch chan<- prometheus.Metric) {
+	c.h.mu.Lock()
+	hb := c.h.beats
+	c.h.mu.Unlock()
+	if hb == nil {
+		return
+	}
+	st := hb.Stats()
+	for state, n := range map[string]int{"alive": st.Alive, "dead": st.Dead, "unheard": st.Unheard} {
+		ch <- prometheus.MustNewConstMetric(c.peers, prometheus.GaugeValue, float64(n), state)
+	}
+	ch <- prometheus.MustNewConstMetric(c.received, prometheus.CounterValue, float64(st.Received))
+	for _, reason := range []string{heartbeat.RefusedBadMAC, heartbeat.RefusedReplay, heartbeat.RefusedSource, heartbeat.RefusedNotPeer, heartbeat.RefusedMalformed} {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(st.Refused[reason]), reason)
+	}
 }

@@ -1,6 +1,7 @@
 package external
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/heartbeat"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/portal"
 )
@@ -85,23 +87,7 @@ func TestWebhookOutcome(t *testing.T) {
 func TestBGPPeersPrefixes(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := dataplane.NewMetrics(reg)
-	series := func() map[string]float64 {
-		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]float64{}
-		for _, mf := range mfs {
-			if !strings.HasPrefix(mf.GetName(), "onehop_bgp_") {
-				continue
-			}
-			for _, mt := range mf.GetMetric() {
-				out[mf.GetName()+"/"+mt.GetLabel()[0].GetValue()] = mt.GetGauge().GetValue()
-			}
-		}
-		return out
-	}
+	series := func() map[string]float64 { t.Helper(); return gatherSeries(t, reg, "onehop_bgp_") }
 	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.3")
 	var p bgpPeers
 	p.session(m, bgp.Session{Peer: a})
@@ -126,4 +112,67 @@ func TestBGPPeersPrefixes(t *testing.T) {
 	if got := series(); !maps.Equal(got, want) {
 		t.Fatalf("a down: %v, want %v", got, want)
 	}
+}
+
+// TestHeartbeatMetrics: no series while heartbeats are off; with them, the
+// peers by state and every refusal reason, from the heartbeats' own
+// counts; a hook built again on the same registry keeps the first.
+func TestHeartbeatMetrics(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := prometheus.NewRegistry()
+	h := &Hook{log: log, registerer: reg}
+	h.registerMetrics()
+	(&Hook{log: log, registerer: reg}).registerMetrics()
+	series := func() map[string]float64 { t.Helper(); return gatherSeries(t, reg, "onehop_l2_") }
+	if got := series(); len(got) != 0 {
+		t.Errorf("heartbeats off: %v, want no series", got)
+	}
+	hb, err := heartbeat.Listen(heartbeat.Config{Node: "a", Key: []byte("a key for the test only"), Bind: netip.MustParseAddrPort("127.0.0.1:0")}, log, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // closes its socket
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		hb.Run(ctx)
+	})
+	hb.SetPeers(map[string]netip.Addr{"b": netip.MustParseAddr("127.0.0.2"), "c": netip.MustParseAddr("127.0.0.3")})
+	h.mu.Lock()
+	h.beats = hb
+	h.mu.Unlock()
+	got := series()
+	want := map[string]float64{
+		"onehop_l2_heartbeat_peers/alive": 0, "onehop_l2_heartbeat_peers/dead": 0, "onehop_l2_heartbeat_peers/unheard": 2,
+		"onehop_l2_heartbeats_received_total": 0,
+	}
+	for _, r := range []string{"bad_mac", "replay", "wrong_source", "not_peer", "malformed"} {
+		want["onehop_l2_heartbeats_refused_total/"+r] = 0
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("heartbeats on, two peers never heard:\n got %v\nwant %v", got, want)
+	}
+}
+
+// gatherSeries is reg's series whose names begin with prefix, each as its
+// name, then "/" and its one label's value if it has one, to its value.
+func gatherSeries(t *testing.T, reg *prometheus.Registry, prefix string) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), prefix) {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			name := mf.GetName()
+			if l := mt.GetLabel(); len(l) > 0 {
+				name += "/" + l[0].GetValue()
+			}
+			out[name] = mt.GetGauge().GetValue() + mt.GetCounter().GetValue()
+		}
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"sync"
@@ -62,6 +63,68 @@ type Heartbeat struct {
 	// beforeLeave, when set, runs before the datagram saying this node
 	// leaves is sent.
 	beforeLeave func()
+	// received counts the datagrams taken, refused those refused by
+	// reason (Stats).
+	received uint64
+	refused  map[string]uint64
+}
+
+// The reasons a datagram is refused (Stats.Refused).
+const (
+	RefusedMalformed = "malformed"    // not a heartbeat
+	RefusedBadMAC    = "bad_mac"      // under no key this node holds
+	RefusedReplay    = "replay"       // not newer than the last taken from its node
+	RefusedSource    = "wrong_source" // not from its node's address
+	RefusedNotPeer   = "not_peer"     // from a node that is no peer
+)
+
+// refusedReason is the reason a datagram was refused with err.
+func refusedReason(err error) string {
+	switch {
+	case errors.Is(err, ErrBadMAC):
+		return RefusedBadMAC
+	case errors.Is(err, ErrReplay):
+		return RefusedReplay
+	case errors.Is(err, ErrNotPeer):
+		return RefusedNotPeer
+	case errors.Is(err, errWrongSource):
+		return RefusedSource
+	}
+	return RefusedMalformed
+}
+
+// errWrongSource: a datagram names a node whose address is another.
+var errWrongSource = errors.New("heartbeat: not sent from its node's address")
+
+// Stats are a node's heartbeats since it started, for its metrics.
+type Stats struct {
+	// Alive, Dead: the peers whose heartbeats decide, alive or dead now;
+	// Unheard: those never heard (or not under a key this node holds),
+	// judged otherwise.
+	Alive, Dead, Unheard int
+	// Received counts the datagrams taken, Refused those refused by
+	// reason (Refused* constants).
+	Received uint64
+	Refused  map[string]uint64
+}
+
+// Stats says how the peers' heartbeats stand now.
+func (h *Heartbeat) Stats() Stats {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := Stats{Received: h.received, Refused: maps.Clone(h.refused)}
+	for n := range h.targets {
+		switch alive, known, _ := h.peers.State(n, now); {
+		case !known:
+			st.Unheard++
+		case alive:
+			st.Alive++
+		default:
+			st.Dead++
+		}
+	}
+	return st
 }
 
 // Listen binds cfg.Bind. changed is called (from Run's goroutines) when a
@@ -85,7 +148,7 @@ func Listen(cfg Config, log *slog.Logger, changed func()) (*Heartbeat, error) {
 	}
 	return &Heartbeat{cfg: cfg, conn: conn, log: log, changed: changed,
 		peers: NewPeers(time.Duration(cfg.Missed) * cfg.Interval), targets: map[string]netip.AddrPort{},
-		bySrc: map[netip.Addr]string{}, said: map[netip.Addr]time.Time{}}, nil
+		bySrc: map[netip.Addr]string{}, said: map[netip.Addr]time.Time{}, refused: map[string]uint64{}}, nil
 }
 
 // Timeout is how long a peer stays alive after its last datagram.
@@ -222,13 +285,18 @@ func (h *Heartbeat) receive() {
 		changed := false
 		switch {
 		case err == nil && h.bySrc[src] != m.Node:
-			err = fmt.Errorf("heartbeat: %s sent from %s, which is not its address", m.Node, src)
+			err = fmt.Errorf("%w: %s sent from %s", errWrongSource, m.Node, src)
 		case err == nil:
 			changed, err = h.peers.Accept(m, now)
 		case errors.Is(err, ErrBadMAC) && h.bySrc[src] != "":
 			// Its node restarted with a key this one lacks: judged by
 			// its Lease until it is heard under a shared key again.
 			changed = h.peers.Unverified(h.bySrc[src])
+		}
+		if err != nil {
+			h.refused[refusedReason(err)]++
+		} else {
+			h.received++
 		}
 		say := err != nil && !errors.Is(err, ErrReplay) && now.Sub(h.said[src]) >= time.Minute
 		if say {

@@ -2,6 +2,7 @@ package heartbeat
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync/atomic"
@@ -103,5 +104,27 @@ func TestHeartbeatOverUDP(t *testing.T) {
 	}
 	if _, known, _ := c.Alive("a"); known {
 		t.Error("a known to c, which has another key")
+	}
+	// a's stats: b unheard now (another key), c never heard; what it took
+	// and refused, by reason.
+	st := a.Stats()
+	if st.Alive != 0 || st.Dead != 0 || st.Unheard != 2 || st.Received == 0 ||
+		st.Refused[RefusedBadMAC] == 0 || st.Refused[RefusedSource] == 0 || st.Refused[RefusedMalformed] != 0 {
+		t.Errorf("a's stats %+v: want b and c unheard, datagrams taken, refused under another key and from a wrong address, none malformed", st)
+	}
+	if st := c.Stats(); st.Alive != 1 || st.Refused[RefusedBadMAC] == 0 {
+		t.Errorf("c's stats %+v: want b's new incarnation (c's key) alive, a's datagrams (another key) refused", st)
+	}
+}
+
+// TestRefusedReason: each way a datagram is refused has its reason.
+func TestRefusedReason(t *testing.T) {
+	for err, want := range map[error]string{
+		ErrBadMAC: RefusedBadMAC, ErrReplay: RefusedReplay, ErrNotPeer: RefusedNotPeer,
+		errWrongSource: RefusedSource, ErrMalformed: RefusedMalformed,
+	} {
+		if got := refusedReason(fmt.Errorf("wrapped: %w", err)); got != want {
+			t.Errorf("%v: %s, want %s", err, got, want)
+		}
 	}
 }

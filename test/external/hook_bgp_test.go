@@ -74,7 +74,7 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 			return 2
 		}
 		go func() { _ = m.ServeListener(ctx, ln, reg, false) }()
-		opts = append(opts, external.WithProviderHealth(nil, m))
+		opts = append(opts, external.WithProviderHealth(nil, m), external.WithRegisterer(reg))
 	}
 	h, watch, err := newAgentHook(cfg, c, node, log, opts...)
 	if err != nil {

@@ -196,6 +196,24 @@ func rollingRestart(t *testing.T, etp corev1.ServiceExternalTrafficPolicy) {
 			restarts = append(restarts, window{x, tTerm, time.Now()})
 		}
 	}
+	// Each agent's heartbeat metrics: the other node alive, its
+	// heartbeats taken, none refused for a wrong key or address.
+	for _, n := range []string{"node1", "node2"} {
+		if _, ok := waitFor(t.Context(), 10*time.Second, func() bool {
+			return d.sp.nodeMetric(t, n, `onehop_l2_heartbeat_peers{state="alive"}`) == "1"
+		}); !ok {
+			t.Errorf("%s: onehop_l2_heartbeat_peers{state=\"alive\"} %q, want 1", n, d.sp.nodeMetric(t, n, `onehop_l2_heartbeat_peers{state="alive"}`))
+		}
+		got := map[string]string{}
+		for _, s := range []string{"onehop_l2_heartbeats_received_total", `onehop_l2_heartbeats_refused_total{reason="bad_mac"}`, `onehop_l2_heartbeats_refused_total{reason="wrong_source"}`} {
+			got[s] = d.sp.nodeMetric(t, n, s)
+		}
+		if got["onehop_l2_heartbeats_received_total"] == "0" || got["onehop_l2_heartbeats_received_total"] == "" ||
+			got[`onehop_l2_heartbeats_refused_total{reason="bad_mac"}`] != "0" {
+			t.Errorf("%s's heartbeat metrics %v: want heartbeats taken, none refused for another key", n, got)
+		}
+		t.Logf("%s's heartbeat metrics: %v", n, got)
+	}
 	stopClients()
 
 	// A connection open while its address moves to another node breaks
