@@ -169,7 +169,7 @@ func (c Config) parse() (*parsed, error) {
 		return nil, fmt.Errorf("leaderLease: duration %v is too short to elect a leader", p.LeaderLease.Duration)
 	}
 	if c.L2 != nil {
-		if err := c.L2.Heartbeat.Validate(); err != nil {
+		if err := c.L2.Validate(); err != nil {
 			return nil, err
 		}
 	}

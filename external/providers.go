@@ -412,6 +412,7 @@ func (h *Hook) startL2(ctx context.Context) (Provider, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.SetPeriodic(c.Periodic())
 	h.mu.Lock()
 	h.l2r = r
 	h.mu.Unlock()

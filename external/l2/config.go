@@ -1,6 +1,9 @@
 package l2
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Config is the "l2" section of the external configuration.
 type Config struct {
@@ -18,6 +21,40 @@ type Config struct {
 	// move in well under a second, with the apiserver up or down. Without
 	// a key, the Leases alone.
 	Heartbeat *HeartbeatConfig `json:"heartbeat,omitempty"`
+	// GratuitousIntervalSeconds, when above 0 (default 0: off), makes the
+	// owner announce each of its IPs again every so many seconds, give or
+	// take GratuitousJitterSeconds (default a tenth of the interval), in
+	// both ARP forms or as an unsolicited neighbour advertisement: for
+	// switches whose forwarding entries age out before the routers' ARP
+	// entries, and neighbours that ignored an announcement (as MetalLB's
+	// periodic announcements, its speaker's gratuitous ARP interval).
+	GratuitousIntervalSeconds float64 `json:"gratuitousIntervalSeconds,omitempty"`
+	GratuitousJitterSeconds   float64 `json:"gratuitousJitterSeconds,omitempty"`
+}
+
+// Validate checks the numbers of c.
+func (c *Config) Validate() error {
+	switch {
+	case c.GratuitousIntervalSeconds < 0 || c.GratuitousIntervalSeconds > 0 && c.GratuitousIntervalSeconds < 1:
+		return fmt.Errorf("l2.gratuitousIntervalSeconds %v: want 1 or more (0: off)", c.GratuitousIntervalSeconds)
+	case c.GratuitousJitterSeconds < 0 || c.GratuitousJitterSeconds > c.GratuitousIntervalSeconds/2:
+		return fmt.Errorf("l2.gratuitousJitterSeconds %v: want 0 to half the interval %v", c.GratuitousJitterSeconds, c.GratuitousIntervalSeconds)
+	}
+	return c.Heartbeat.Validate()
+}
+
+// Periodic is the interval and the jitter of the periodic announcements
+// (zero: off).
+func (c *Config) Periodic() (every, jitter time.Duration) {
+	if c == nil || c.GratuitousIntervalSeconds <= 0 {
+		return 0, 0
+	}
+	every = time.Duration(c.GratuitousIntervalSeconds * float64(time.Second))
+	jitter = every / 10
+	if c.GratuitousJitterSeconds > 0 {
+		jitter = time.Duration(c.GratuitousJitterSeconds * float64(time.Second))
+	}
+	return every, jitter
 }
 
 // HeartbeatConfig configures the heartbeats between the L2 nodes.

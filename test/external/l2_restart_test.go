@@ -79,16 +79,7 @@ func TestL2OneOwnerAfterRestart(t *testing.T) {
 			if netip4(ip).Is6() {
 				want = map[string]int{"na": announceRounds}
 			}
-			var got map[string]int
-			if _, ok := waitFor(t.Context(), 15*time.Second, func() bool {
-				got = probe.announcements(ip, mac[y], tKill)
-				for form, n := range want {
-					if got[form] < n {
-						return false
-					}
-				}
-				return true
-			}); !ok {
+			if got, ok := probe.waitAnnouncements(ip, mac[y], tKill, 15*time.Second, want); !ok {
 				t.Errorf("%s took %s over with the announcements %v, want at least %v", y, ip, got, want)
 			}
 		}
