@@ -68,3 +68,34 @@ func askFromAddr(t *testing.T, ns *nsutil.NS, src, addr string) string {
 	}
 	return r.Name
 }
+
+// TestAffinityKeptWhenEndpointsCome: a client of a Service port with one
+// endpoint and ClientIP affinity is remembered, as kube-proxy remembers
+// it, so that it stays on that pod when more endpoints come.
+func TestAffinityKeptWhenEndpointsCome(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 4)
+	mk := func(idx ...int) *portal.Service {
+		return service("grow", func(p *portal.Portal) {
+			p.ClusterIPs = []netip.Addr{clusterIP}
+			p.ClusterEndpoints = eps(8080, idx...)
+			p.Affinity.TimeoutSeconds = 600
+		})
+	}
+	tp.sync(t, snapshot(mk(0)), true)
+	var clients []string
+	for c := range 6 {
+		src := fmt.Sprintf("198.51.100.%d", 40+c)
+		tp.client.IP(t, "addr", "add", src+"/32", "dev", "eth0")
+		if got := askFromAddr(t, tp.client, src, clusterIP.String()+":80"); got != "pod0" {
+			t.Fatalf("one endpoint, pod0: %s answered", got)
+		}
+		clients = append(clients, src)
+	}
+	tp.sync(t, snapshot(mk(0, 1, 2, 3)), false)
+	for _, src := range clients {
+		if got := askFromAddr(t, tp.client, src, clusterIP.String()+":80"); got != "pod0" {
+			t.Errorf("client %s of pod0 went to %s when endpoints came", src, got)
+		}
+	}
+}

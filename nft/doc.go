@@ -95,10 +95,11 @@
 // below), as kube-proxy shares them: a client that reached an endpoint by
 // one way in is sent back to it by the others that have it (a client of
 // an externalTrafficPolicy: Local Service sticks to one pod through its
-// cluster IP and its node port). Once the portal has two endpoints, a
-// chain with one goes through its aep chain too (goto aep<f>/...@<endpoint>),
-// so that the client is remembered for the others. A new timeout rewrites
-// the aep chain's rule and keeps the remembered clients.
+// cluster IP and its node port). A chain with one endpoint goes through
+// its aep chain too (goto aep<f>/...@<endpoint>): the client is remembered
+// for the other chains, and stays on the pod when more endpoints come. A
+// new timeout rewrites the aep chain's rule and keeps the remembered
+// clients.
 //
 // Policies add chains in front (a way in is a @vips4 or @nodeports4 element
 // whose goto names the first chain it takes):

@@ -26,11 +26,6 @@ type chainBody struct {
 	// with affinity, whose chains remember a client's endpoint and pick
 	// a new client's at random.
 	maglev bool
-	// remember: with affinity, the portal's chains have more than one
-	// endpoint between them, so that every chain, also one with a single
-	// endpoint, sends a client through the endpoint's affinity chain,
-	// which remembers it for the others.
-	remember bool
 	// topology is the portal's Topology, on the chain that holds its
 	// Cluster-policy endpoints: its rules' tag carries it for dump-rules.
 	topology string
@@ -53,7 +48,7 @@ func (b chainBody) equal(o chainBody) bool {
 // rules while the size of its table stays (and it has endpoints).
 func (b chainBody) sameRules(o chainBody) bool {
 	return b.family == o.family && b.shortCircuit == o.shortCircuit &&
-		b.affinity == o.affinity && b.remember == o.remember && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev && b.topology == o.topology &&
+		b.affinity == o.affinity && b.dropIfEmpty == o.dropIfEmpty && b.maglev == o.maglev && b.topology == o.topology &&
 		(len(b.endpoints) == 0) == (len(o.endpoints) == 0) && b.tableSize() == o.tableSize()
 }
 
@@ -63,9 +58,10 @@ func (b chainBody) sameRules(o chainBody) bool {
 // endpoint, and shared by all its chains (svc, ext, all) as kube-proxy
 // shares an endpoint's affinity between the ways in: a client sent to an
 // endpoint by one way in is sent there by the others, and an endpoint
-// that stays keeps its clients across changes (a new timeout included).
+// that stays keeps its clients across changes (a new timeout included,
+// and endpoints added to the only one).
 func (b chainBody) affinityObjects(chain string) map[netip.AddrPort][2]string {
-	if b.affinity == 0 || !b.remember {
+	if b.affinity == 0 {
 		return nil
 	}
 	rest := chain
@@ -225,22 +221,6 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 			}
 			if hasEps && mark {
 				o.elems = append(o.elems, elem{set: setNodePortMarks(f), key: string(key)})
-			}
-		}
-	}
-	if aff > 0 {
-		// A client is remembered as soon as the portal has two endpoints
-		// to choose from, by whichever chain sent it.
-		eps := map[netip.AddrPort]bool{}
-		for _, body := range o.chains {
-			for _, ep := range body.endpoints {
-				eps[ep] = true
-			}
-		}
-		if len(eps) > 1 {
-			for name, body := range o.chains {
-				body.remember = true
-				o.chains[name] = body
 			}
 		}
 	}

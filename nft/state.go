@@ -120,8 +120,7 @@ func (b *Backend) bodyTag(id uint32, body chainBody) []byte {
 	if body.affinity > 0 {
 		// The affinity sets are the portal's, shared by its chains;
 		// chains written when each had its own are rewritten.
-		buf = append(buf, " shared remember:"...)
-		buf = strconv.AppendBool(buf, body.remember)
+		buf = append(buf, " shared"...)
 	}
 	buf = append(buf, " dropIfEmpty:"...)
 	buf = strconv.AppendBool(buf, body.dropIfEmpty)

@@ -542,13 +542,6 @@ func (t *tx) chainRules(name string, body chainBody) {
 		if body.dropIfEmpty {
 			add([]expr.Any{counter(), verdict(expr.VerdictDrop, "")})
 		}
-	case n == 1 && body.affinity > 0 && !body.remember: // nothing to remember: one endpoint
-		ep := body.endpoints[0]
-		al := addrLen(f)
-		add([]expr.Any{counter(),
-			&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
-			&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
-			dnatFrom(f, reg1)})
 	default:
 		if body.affinity > 0 {
 			rules = append(rules, t.affinityRules(name, body)...)
@@ -618,7 +611,8 @@ func (t *tx) affinityRules(name string, body chainBody) []pendingRule {
 	f := body.family
 	objs := body.affinityObjects(name)
 	if len(body.endpoints) == 1 {
-		// The only endpoint, remembered for the portal's other chains.
+		// The only endpoint: the client is remembered for the portal's
+		// other chains and for the endpoints to come.
 		ep := body.endpoints[0]
 		t.affinityEndpoint(f, objs[ep][0], objs[ep][1], ep, body.affinity)
 		return []pendingRule{{exprs: []expr.Any{verdict(expr.VerdictGoto, objs[ep][1])}}}

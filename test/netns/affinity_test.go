@@ -27,11 +27,7 @@ func TestAffinitySharedByTheWaysIn(t *testing.T) {
 	s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 	svc, since := expose(t, c, s, c.Pods())
-	vip := svc.Spec.ClusterIP + "/32"
-	if err := c.RouteExternal(ctx, vip, arrival); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nsutil.IP(context.Background(), c.Router, "route", "del", vip) })
+	routeToNode(ctx, t, c, svc.Spec.ClusterIP+"/32", arrival)
 	np := hostPort(arrival.IP, svc.Spec.Ports[0].NodePort)
 	cip := hostPort(svc.Spec.ClusterIP, 80)
 	// Programmed: both ways in answer the client's own address.
@@ -60,4 +56,68 @@ func TestAffinitySharedByTheWaysIn(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAffinityKeptWhenEndpointsCome: the clients of a Service with ClientIP
+// affinity and one pod stay on that pod when a second one comes, as
+// kube-proxy remembers a client also while there is one endpoint to
+// choose from; new clients go to either.
+func TestAffinityKeptWhenEndpointsCome(t *testing.T) {
+	c := netns.NewForTest(t, netns.Config{Nodes: 1})
+	ctx := ctxFor(t)
+	node := c.Nodes[0]
+	s := service("grow", v1.ServiceTypeClusterIP, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))
+	s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	svc, since := expose(t, c, s, node.Pods[:1])
+	routeToNode(ctx, t, c, svc.Spec.ClusterIP+"/32", node)
+	cip := hostPort(svc.Spec.ClusterIP, 80)
+	if _, _, err := netns.WaitAnswer(ctx, c.ClientNetns, "tcp", cip, since); err != nil {
+		t.Fatal(err)
+	}
+	addr := func(i int) string {
+		src := fmt.Sprintf("198.51.100.%d", 20+i)
+		if err := nsutil.IP(ctx, c.ClientNetns, "addr", "add", src+"/32", "dev", "eth0"); err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	ask := func(src string) string {
+		r, err := askFrom(ctx, c.ClientNetns, src, cip)
+		if err != nil {
+			t.Fatalf("cluster IP from %s: %v", src, err)
+		}
+		return r.Name
+	}
+	first := node.Pods[0].Name
+	var clients []string
+	for i := range 6 {
+		src := addr(i)
+		if got := ask(src); got != first {
+			t.Fatalf("one endpoint, %s, but %s answered %s", first, got, src)
+		}
+		clients = append(clients, src)
+	}
+	if err := c.SetEndpoints(ctx, svc, netns.Ready(node.Pods...)); err != nil {
+		t.Fatal(err)
+	}
+	// Applied once a new client reaches the second pod.
+	for i := len(clients); ask(addr(i)) != node.Pods[1].Name; i++ {
+		if i > 200 {
+			t.Fatalf("no new client reached %s after it became an endpoint", node.Pods[1].Name)
+		}
+	}
+	for _, src := range clients {
+		if got := ask(src); got != first {
+			t.Errorf("client %s of %s went to %s when a second pod came", src, first, got)
+		}
+	}
+}
+
+// routeToNode makes the router send prefix to node n until the test ends.
+func routeToNode(ctx context.Context, t *testing.T, c *netns.Cluster, prefix string, n *netns.Node) {
+	t.Helper()
+	if err := c.RouteExternal(ctx, prefix, n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nsutil.IP(context.Background(), c.Router, "route", "del", prefix) })
 }

@@ -29,10 +29,7 @@ func TestSourceRangesLetTheNodeLoopBack(t *testing.T) {
 	if err := nsutil.IP(ctx, node.Netns, "addr", "add", vip+"/32", "dev", "lo"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.RouteExternal(ctx, vip+"/32", node); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nsutil.IP(context.Background(), c.Router, "route", "del", vip+"/32") })
+	routeToNode(ctx, t, c, vip+"/32", node)
 
 	s := service("ranged", v1.ServiceTypeLoadBalancer, port("http", v1.ProtocolTCP, 80, netns.PortHTTP))
 	s.Spec.LoadBalancerSourceRanges = []string{netns.NodeCIDR}
