@@ -16,6 +16,9 @@ import (
 type runner struct {
 	twins [2]*Twin // kube-proxy, onehop
 	log   *slog.Logger
+	// modeAllowed are allowances of the proxies' mode beyond allowed.go's
+	// (ipvsmode.go's for IPVS), marked on each step's differences.
+	modeAllowed []allowance
 }
 
 // difference is one probe whose outcome is not the same on both twins.
@@ -212,6 +215,7 @@ func (r *runner) step(ctx context.Context, prev, c *Case, what string, fps []pro
 			return nil, fmt.Errorf("%s", msg)
 		}
 	}
+	r.markModeAllowed(c, diffs)
 	nflows := 0
 	for _, byPod := range flowsSeen[1] {
 		nflows += len(byPod)

@@ -18,6 +18,14 @@ import (
 
 // startTwins builds the kube-proxy twin and the onehop twin under dir.
 func startTwins(ctx context.Context, dir string, log *slog.Logger) (*runner, error) {
+	return startTwinsWith(ctx, dir, log, func(kp, agent string) [2]twinSpec {
+		return [2]twinSpec{{"kube-proxy", kubeProxy{bin: kp}}, {"onehop", &onehopAgent{bin: agent}}}
+	})
+}
+
+// startTwinsWith builds the twins proxies names, given kube-proxy's and
+// the agent's binaries (ipvsmode.go's are those of the IPVS comparison).
+func startTwinsWith(ctx context.Context, dir string, log *slog.Logger, proxies func(kubeProxyBin, agentBin string) [2]twinSpec) (*runner, error) {
 	nsutil.Sweep(ctx, log)
 	binDir, err := nodeBinaries(ctx)
 	if err != nil {
@@ -31,10 +39,7 @@ func startTwins(ctx context.Context, dir string, log *slog.Logger) (*runner, err
 	if err != nil {
 		return nil, err
 	}
-	return buildTwins(ctx, dir, binDir, [2]twinSpec{
-		{"kube-proxy", kubeProxy{bin: kp}},
-		{"onehop", &onehopAgent{bin: agent}},
-	}, log)
+	return buildTwins(ctx, dir, binDir, proxies(kp, agent), log)
 }
 
 // twinSpec names a twin and the proxy it runs.
