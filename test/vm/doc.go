@@ -12,8 +12,8 @@
 // A guest package may need more than its test binary (needs_test.go): the
 // differential tester's IPVS comparison (./test/difftest) brings etcd,
 // kube-apiserver, kube-proxy and a static agent into the initramfs, loads
-// the bridge modules, and gets 4 GiB of memory; only a run that selects it
-// pays for that.
+// the bridge modules, and gets 4 GiB of memory and up to two hours (go
+// test's -timeout still applies); only a run that selects it pays for that.
 //
 // The kernel .deb and its extracted modules are cached under
 // ${ONEHOP_CACHE:-/var/cache/onehop}/vm; missing host packages are installed

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // guestMemoryMB is the guest's memory when no selected package asks for
@@ -25,6 +26,7 @@ type guestNeed struct {
 	env      []string // K=V; no spaces or commas (the kernel command line carries them)
 	modules  []string // to load beyond the base image's (image.sh's optmods)
 	memoryMB int
+	timeout  time.Duration // how long the whole run may take, if over 15 minutes
 }
 
 // guestBinDir is where a guest package's extra binaries are in the guest.
@@ -53,6 +55,10 @@ var guestNeeds = map[string]guestNeed{
 		// Two API servers, two etcds, four proxies and the probes, with
 		// some 450 MB of binaries in the initramfs (kept in memory).
 		memoryMB: 4096,
+		// The API servers alone take 1 to 7 minutes to be ready under
+		// emulation, each case minutes more (docs/difftest.md, IPVS);
+		// go test's -timeout still bounds it.
+		timeout: 2 * time.Hour,
 	},
 }
 

@@ -48,8 +48,15 @@ func TestIPVSInVM(t *testing.T) {
 	if os.Getenv("ONEHOP_VM") != "" {
 		t.Skip("already inside the test VM")
 	}
-	// Stop (and say where) before go test's own -timeout panics.
-	deadline := time.Now().Add(15 * time.Minute)
+	// Stop (and say where) before go test's own -timeout panics. A
+	// selected package may ask for longer.
+	packages := guestPackages()
+	length := 15 * time.Minute
+	for _, spec := range packages {
+		pkg, _, _ := strings.Cut(spec, ":")
+		length = max(length, guestNeeds[pkg].timeout)
+	}
+	deadline := time.Now().Add(length)
 	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
 		deadline = d.Add(-20 * time.Second)
 	}
@@ -63,7 +70,6 @@ func TestIPVSInVM(t *testing.T) {
 	// 1. Static test binaries: the guest has no libc for them.
 	var bins []string
 	var perBinaryRun []string
-	packages := guestPackages()
 	// What the selected packages need beyond their test binaries.
 	memory, extraEnv, modules := guestMemoryMB, []string(nil), []string(nil)
 	for _, spec := range packages {
