@@ -593,7 +593,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch), external.WithProviderHealth(health, metrics),
-			external.WithDynamicClient(dyn))
+			external.WithDynamicClient(dyn), external.WithRegisterer(reg))
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}
