@@ -87,21 +87,16 @@ func (tw *Twin) buildNode(ctx context.Context, n int) error {
 	if err := forward(node.Netns); err != nil {
 		return err
 	}
-	// No ICMP rate limit: kube-proxy refuses TCP with ICMP port unreachable,
-	// which the kernel otherwise limits per client (a burst of 6, then 1 a
-	// second), so that whether a probe saw "refused" or "timeout" would
-	// depend on how many probes went before it (docs/difftest.md).
 	for _, kv := range [][2]string{
 		{"net.ipv4.conf.all.rp_filter", "0"},
 		{"net.ipv4.conf.default.rp_filter", "0"},
-		{"net.ipv4.icmp_ratelimit", "0"},
-		{"net.ipv4.icmp_msgs_per_sec", "100000"},
-		{"net.ipv4.icmp_msgs_burst", "100000"},
-		{"net.ipv6.icmp.ratelimit", "0"},
 	} {
 		if err := nsutil.Sysctl(node.Netns, kv[0], kv[1]); err != nil {
 			return err
 		}
+	}
+	if err := noICMPRateLimit(node.Netns); err != nil {
+		return err
 	}
 	if err := tw.onLAN(ctx, node.Netns, fmt.Sprintf("to-n%d", n), nodeIP(n), nodeIP6(n)); err != nil {
 		return err
@@ -116,6 +111,9 @@ func (tw *Twin) buildNode(ctx context.Context, n int) error {
 		p := &Pod{Ref: podRef{n, j}, Netns: fmt.Sprintf("%s-n%dp%d", tw.ID, n, j)}
 		node.Pods = append(node.Pods, p)
 		if err := tw.addNamespace(ctx, p.Netns); err != nil {
+			return err
+		}
+		if err := noICMPRateLimit(p.Netns); err != nil {
 			return err
 		}
 		port := fmt.Sprintf("vp%d", j)
@@ -210,6 +208,27 @@ func gateways(ctx context.Context, ns string, gw, gw6 netip.Addr) error {
 		{"route", "add", "default", "via", gw.String()},
 		{"-6", "route", "add", "default", "via", gw6.String()},
 	})
+}
+
+// noICMPRateLimit lifts the kernel's ICMP rate limits in ns. kube-proxy
+// refuses TCP with ICMP port unreachable on the nodes, and a pod refuses
+// a port it does not serve (a Service's target port) the same way; the
+// kernel otherwise limits such errors per client (a burst of 6, then 1 a
+// second), so that whether a probe saw "refused" or "timeout" would depend
+// on how many probes, of this case or of the cases before, went before it
+// (docs/difftest.md).
+func noICMPRateLimit(ns string) error {
+	for _, kv := range [][2]string{
+		{"net.ipv4.icmp_ratelimit", "0"},
+		{"net.ipv4.icmp_msgs_per_sec", "100000"},
+		{"net.ipv4.icmp_msgs_burst", "100000"},
+		{"net.ipv6.icmp.ratelimit", "0"},
+	} {
+		if err := nsutil.Sysctl(ns, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func forward(ns string) error {
