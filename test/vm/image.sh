@@ -147,9 +147,10 @@ ip6_tables ip6table_nat ip6table_filter ip6table_mangle ip6t_REJECT nf_reject_ip
 nf_tables nft_compat nft_chain_nat nft_ct nft_masq nft_nat nft_reject nft_reject_inet nft_fib_inet"
 # Packed but loaded only when the kernel command line asks (onehop.modules,
 # init.sh): bridges with netfilter on bridged traffic, as the differential
-# tester's twin nodes have on the host, would change what other tests see;
+# tester's twin nodes have on the host, would change what other tests see
+# (kube-proxy's IPVS mode matches on the bridge port, xt_physdev);
 # xfrm_user lets the agent's netlink handle open its XFRM socket.
-optmods="bridge br_netfilter xfrm_user"
+optmods="bridge br_netfilter xt_physdev xfrm_user"
 kmod="$kdir/lib/modules/$kver"
 for m in $mods $optmods; do
 	deps=$(modprobe -d "$kdir" -S "$kver" --show-depends "$m" 2>/dev/null | awk '/^insmod/{print $2}') || true

@@ -51,7 +51,9 @@ var guestNeeds = map[string]guestNeed{
 		// netfilter (br_netfilter), as on the host.
 		// The agent's netlink handle opens an XFRM socket too, which a
 		// kernel without xfrm_user refuses.
-		modules: []string{"bridge", "br_netfilter", "xfrm_user"},
+		// kube-proxy's IPVS mode matches on bridge ports (xt_physdev) for
+		// externalIPs of Local policy.
+		modules: []string{"bridge", "br_netfilter", "xt_physdev", "xfrm_user"},
 		// Two API servers, two etcds, four proxies and the probes, with
 		// some 450 MB of binaries in the initramfs (kept in memory).
 		memoryMB: 4096,
