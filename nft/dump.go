@@ -86,7 +86,9 @@ func readKernel(netnsFD int, t *nftables.Table) (*kernelTable, error) {
 		return nil, err
 	}
 	for _, s := range k.sets {
-		els, err := conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.anonymous()})
+		els, err := readElems(func() ([]nftables.SetElement, error) {
+			return conn.GetSetElements(&nftables.Set{Table: t, Name: s.name, ID: s.id, Anonymous: s.anonymous()})
+		})
 		if err != nil {
 			return nil, fmt.Errorf("set %s: %w", s.name, err)
 		}

@@ -3,6 +3,7 @@ package nft
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -313,8 +314,17 @@ func (b *Backend) newElemDumper() (*elemDumper, error) {
 
 func (d *elemDumper) close() { d.c.Close() }
 
-// dump reads the elements of the named set.
+// dump reads the elements of the named set, again while the kernel's dump
+// holds an element twice (readElems).
 func (d *elemDumper) dump(set string, sizeHint int) ([]nftables.SetElement, error) {
+	els, err := readElems(func() ([]nftables.SetElement, error) { return d.dumpOnce(set, sizeHint) })
+	if errors.Is(err, errRepeats) {
+		err = fmt.Errorf("dump set %s: %w", set, err)
+	}
+	return els, err
+}
+
+func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, error) {
 	b, raw, buf := d.b, d.raw, d.buf
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(b.table.Name + "\x00")},
