@@ -1,8 +1,8 @@
 package nft
 
 import (
-	"bytes"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -42,21 +42,19 @@ func readElems(read func() ([]nftables.SetElement, error)) ([]nftables.SetElemen
 }
 
 // repeatsElement reports whether els holds an element (a key, and for an
-// interval set whether it ends an interval) twice. It hashes the keys
-// into one map, sized once: a full sync reads 100k elements.
+// interval set whether it ends an interval) twice. It sorts the keys'
+// hashes, one allocation: a full sync reads 100k elements, and a map of
+// them cost twice the time.
 func repeatsElement(els []nftables.SetElement) bool {
-	seen := make(map[uint64]int32, len(els))
+	hs := make([]uint64, len(els))
 	for i := range els {
-		h := elemHash(&els[i])
-		j, ok := seen[h]
-		if !ok {
-			seen[h] = int32(i)
-			continue
+		hs[i] = elemHash(&els[i])
+	}
+	slices.Sort(hs)
+	for i := 1; i < len(hs); i++ {
+		if hs[i] == hs[i-1] {
+			return repeatsElementExactly(els) // or two keys with one hash
 		}
-		if sameElem(&els[i], &els[j]) {
-			return true
-		}
-		return repeatsElementExactly(els) // two keys with one hash
 	}
 	return false
 }
@@ -74,10 +72,6 @@ func repeatsElementExactly(els []nftables.SetElement) bool {
 		seen[k] = true
 	}
 	return false
-}
-
-func sameElem(a, b *nftables.SetElement) bool {
-	return a.IntervalEnd == b.IntervalEnd && bytes.Equal(a.Key, b.Key)
 }
 
 // elemHash is FNV-1a (64 bits) of e's key and end flag.

@@ -115,3 +115,24 @@ func TestSetDumpWhileTheKernelRehashes(t *testing.T) {
 		check(round, "dump-rules", k.elems[set.Name])
 	}
 }
+
+func TestRepeatsElement(t *testing.T) {
+	el := func(key string, end bool) nftables.SetElement {
+		return nftables.SetElement{Key: []byte(key), IntervalEnd: end}
+	}
+	for _, c := range []struct {
+		els  []nftables.SetElement
+		want bool
+	}{
+		{nil, false},
+		{[]nftables.SetElement{el("a", false), el("b", false), el("c", false)}, false},
+		{[]nftables.SetElement{el("a", false), el("b", false), el("a", false)}, true},
+		// An interval's end may have the key the next interval starts at.
+		{[]nftables.SetElement{el("a", false), el("b", true), el("b", false)}, false},
+		{[]nftables.SetElement{el("a", false), el("b", true), el("b", true)}, true},
+	} {
+		if got := repeatsElement(c.els); got != c.want {
+			t.Errorf("repeatsElement(%v) = %v, want %v", c.els, got, c.want)
+		}
+	}
+}
