@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // LocalAddrs returns the addresses of the interfaces of h's network
@@ -56,10 +57,13 @@ func LocalAddrs(h *netlink.Handle, skip []string) ([]netip.Addr, error) {
 func WatchLocalAddrs(ctx context.Context, netnsFD int, log *slog.Logger, skip []string, fn func([]netip.Addr)) error {
 	var h *netlink.Handle
 	var err error
+	// Only the route family: a handle of every family also opens XFRM,
+	// which a kernel without xfrm_user refuses, and the agent would not
+	// start for a socket it never uses.
 	if netnsFD >= 0 {
-		h, err = netlink.NewHandleAt(netns.NsHandle(netnsFD))
+		h, err = netlink.NewHandleAt(netns.NsHandle(netnsFD), unix.NETLINK_ROUTE)
 	} else {
-		h, err = netlink.NewHandle()
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
