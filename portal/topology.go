@@ -99,6 +99,8 @@ func chooseTopology(cands []candidate, node, zone string, asked bool) topology {
 // here: that happened when the mode was chosen.
 func (t topology) allows(c candidate, node, zone string) bool {
 	switch t.mode {
+	case topologyNone:
+		return true
 	case topologySameNode:
 		return slices.Contains(c.nodeHints, node)
 	case topologySameZone:

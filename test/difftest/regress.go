@@ -103,7 +103,7 @@ func parseCase(text string) (*Case, error) {
 		f := s.families()[0]
 		first := slices[sliceName(s.Service.Name, f, 0)]
 		if first == nil {
-			return nil, fmt.Errorf("Service %s: no EndpointSlice %s", s.Service.Name, sliceName(s.Service.Name, f, 0))
+			return nil, fmt.Errorf("service %s: no EndpointSlice %s", s.Service.Name, sliceName(s.Service.Name, f, 0))
 		}
 		eps, err := caseEndpoints(first)
 		if err != nil {

@@ -46,7 +46,7 @@ func TestSourceRangesLetTheNodeLoopBack(t *testing.T) {
 	waitOutcomeFrom(ctx, t, c.ClientNetns, netns.ClientIP().String(), addr, outcomeDropped)
 
 	// Ranges that leave the node out: the VIP is no longer let in.
-	svc = updateSpec(ctx, t, c, svc, func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24"} })
+	updateSpec(ctx, t, c, svc, func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24"} })
 	waitOutcomeFrom(ctx, t, node.Netns, vip, addr, outcomeDropped)
 	waitOutcomeFrom(ctx, t, c.ClientNetns, netns.ClientIP().String(), addr, outcomeAnswered)
 }
