@@ -103,9 +103,16 @@ func (tw *Twin) sync(ctx context.Context) error {
 
 // awaitBarrier returns once node n reaches the barrier pod at addr.
 func (tw *Twin) awaitBarrier(ctx context.Context, n *Node, name, addr string) error {
+	// Each request waits a little longer than the one before, up to a
+	// second. A short first wait matters for IPv6: before the proxy
+	// serves the barrier, a rejected SYN is seen only at its
+	// retransmission, a second later (probe.go), while a fresh SYN sent
+	// once it serves it is answered at once.
 	var last string
+	wait := 100 * time.Millisecond
 	for {
-		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		rctx, rcancel := context.WithTimeout(ctx, wait)
+		wait = min(2*wait, time.Second)
 		rep, err := nsutil.Request(rctx, n.Netns, "tcp", addr)
 		rcancel()
 		if err == nil && rep.Name == barrierPod.Name() {

@@ -78,29 +78,55 @@ func (o outcome) equal(p outcome) bool { return slices.Equal(o, p) }
 // send runs p n times (fresh source port each time, so each is a new flow
 // and a fresh choice of endpoint) from tw and returns what it saw. It
 // stops early after giveUp failures while nothing answered (0: never).
+//
+// The requests of a probe without affinity go out in batches at once: the
+// first giveUp of them (one when giveUp is 0), then the rest, at most
+// batchLimit at a time. A refused or dropped request costs its whole wait
+// (a second for TCP over IPv6), so a probe that fails costs one wait, not
+// giveUp of them, and sending them together changes nothing else: each is
+// its own flow. A probe of a Service with ClientIP affinity sends them one
+// after another, so that the first decides the pod the others stick to.
 func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, giveUp int) outcome {
+	var mu sync.Mutex
 	seen := map[string]bool{}
 	failures, answers := 0, 0
 	from := p.From.netns(tw)
 	each = requestWait(p, each)
-	for range n {
+	one := func() {
 		rctx, cancel := context.WithTimeout(ctx, each)
 		rep, err := tw.request(rctx, from, p.To.Proto, p.To.Addr, each)
 		cancel()
-		if ctx.Err() != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case ctx.Err() != nil:
 			seen["error: "+ctx.Err().Error()] = true
-			break
-		}
-		if err != nil {
+		case err != nil:
 			seen[classify(err)] = true
 			failures++
-			if giveUp > 0 && answers == 0 && failures >= giveUp {
-				break
-			}
-			continue
+		default:
+			answers++
+			seen[fmt.Sprintf("%s:%d saw %s", rep.Name, rep.Port, rep.SourceIP())] = true
 		}
-		answers++
-		seen[fmt.Sprintf("%s:%d saw %s", rep.Name, rep.Port, rep.SourceIP())] = true
+	}
+	for sent := 0; sent < n && ctx.Err() == nil; {
+		if giveUp > 0 && answers == 0 && failures >= giveUp {
+			break
+		}
+		batch := n - sent
+		switch {
+		case p.To.Sticky:
+			batch = 1
+		case sent == 0:
+			batch = min(batch, max(giveUp, 1))
+		}
+		batch = min(batch, batchLimit)
+		var wg sync.WaitGroup
+		for range batch {
+			wg.Go(one)
+		}
+		wg.Wait()
+		sent += batch
 	}
 	out := make(outcome, 0, len(seen))
 	for l := range seen {
@@ -109,6 +135,9 @@ func (tw *Twin) send(ctx context.Context, p probe, n int, each time.Duration, gi
 	slices.Sort(out)
 	return out
 }
+
+// batchLimit bounds the requests one probe has in flight.
+const batchLimit = 5
 
 // UDP requests take their source port from udpPorts, in turn, per
 // vantage point, below the kernel's ephemeral range: a port the kernel
