@@ -134,6 +134,15 @@ func (r *runner) step(ctx context.Context, prev, c *Case, what string, fps []pro
 		return nil, err
 	}
 	synced := time.Now()
+	// Flows are asked once onehop's conntrack cleanup of the change is
+	// done (cleanupPacing): before, a UDP flow could still reach the pod
+	// the change took out.
+	if udpFlowsOpen(fps, flows) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(synced.Add(cleanupPacing))):
+		}
+	}
 	var flowsSeen [2]map[string]map[string]string
 	_ = r.both(func(i int, tw *Twin) error {
 		flowsSeen[i] = tw.after(ctx, flows[i])
@@ -223,6 +232,21 @@ func (r *runner) step(ctx context.Context, prev, c *Case, what string, fps []pro
 	r.log.Info("case compared", "seed", c.Seed, "change", what, "services", len(c.Services), "probes", len(ps), "flows", nflows, "rechecked", rechecked,
 		"differences", len(diffs), "sync", synced.Sub(began).Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
 	return diffs, nil
+}
+
+// cleanupPacing bounds how long after a sync onehop deletes the conntrack
+// entries the sync made stale: its cleaner walks the table at once, or a
+// second after its last walk (dataplane.ConntrackCleaner), plus the walk.
+// kube-proxy walks it at every sync, which its default minSyncPeriod (1 s)
+// paces alike; the twins run it with 0 s (docs/difftest.md).
+const cleanupPacing = 1300 * time.Millisecond
+
+// udpFlowsOpen says whether a UDP flow of some probe of ps is open on
+// either twin.
+func udpFlowsOpen(ps []probe, flows [2]openFlows) bool {
+	return slices.ContainsFunc(ps, func(p probe) bool {
+		return p.To.Proto == "udp" && (len(flows[0][p.String()]) > 0 || len(flows[1][p.String()]) > 0)
+	})
 }
 
 // normalize makes outcomes of a Service with ClientIP affinity
