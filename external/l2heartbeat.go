@@ -125,7 +125,7 @@ func (h *Hook) startHeartbeat(ctx context.Context, wg *sync.WaitGroup) {
 		port = heartbeat.DefaultPort
 	}
 	hb, err := heartbeat.Listen(heartbeat.Config{Node: h.node, Incarnation: uint64(time.Now().UnixNano()), Key: keys[0], Accept: keys[1:],
-		Bind: netip.AddrPortFrom(self, uint16(port)), Interval: interval, Missed: hc.Missed}, h.log, h.livePoke)
+		Bind: netip.AddrPortFrom(self, uint16(port)), Interval: interval, Missed: hc.Missed, RestartHold: hc.RestartHold()}, h.log, h.livePoke)
 	if err != nil {
 		h.log.Warn("l2 heartbeats off: nodes are judged by their Leases alone", "err", err)
 		return
@@ -143,15 +143,35 @@ func (h *Hook) startHeartbeat(ctx context.Context, wg *sync.WaitGroup) {
 			r.Close()
 		}
 	})
+	restarts := func() bool { return h.restartsOnStop(hc.RestartHold()) }
+	hb.SetRestarting(restarts)
 	h.mu.Lock()
 	h.beats = hb
 	h.mu.Unlock()
 	h.liveness.mu.Lock()
 	h.liveness.beats = hb
+	h.liveness.restarting = restarts
 	h.liveness.mu.Unlock()
 	h.syncHeartbeatPeers()
 	h.log.Info("l2 heartbeats on", "bind", netip.AddrPortFrom(self, uint16(port)), "interval", interval, "timeout", hb.Timeout())
 	wg.Go(func() { hb.Run(ctx) })
+}
+
+// restartsOnStop says whether this agent, stopping, restarts rather than
+// leaves: the restart hold is on and its Node stays (not cordoned, not
+// being deleted). A drain cordons the node first, so that its agent hands
+// its IPs over at once; a node shut down without one stops answering the
+// others' echo requests, and is dead to them then.
+func (h *Hook) restartsOnStop(hold time.Duration) bool {
+	if hold <= 0 {
+		return false
+	}
+	obj, ok, _ := h.nodes.GetStore().GetByKey(h.node)
+	if !ok {
+		return false
+	}
+	n := obj.(*corev1.Node)
+	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil
 }
 
 // syncHeartbeatPeers makes the nodes with a liveness Lease, at their

@@ -95,6 +95,9 @@ type liveness struct {
 	// and does not renew its Lease.
 	beats  heartbeats
 	linkUp func() bool
+	// restarting, when set, says whether this agent, stopping, restarts
+	// (l2heartbeat.go): its Lease then stays, as the others hold its IPs.
+	restarting func() bool
 
 	mu   sync.Mutex
 	seen map[string]observed
@@ -362,7 +365,8 @@ func (l *liveness) frozen() bool {
 	return f
 }
 
-// run renews this node's Lease until ctx ends, then deletes it.
+// run renews this node's Lease until ctx ends, then deletes it, unless
+// this agent restarts.
 func (l *liveness) run(ctx context.Context) {
 	t := time.NewTicker(l.renew)
 	defer t.Stop()
@@ -381,6 +385,12 @@ func (l *liveness) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+			l.mu.Lock()
+			r := l.restarting
+			l.mu.Unlock()
+			if r != nil && r() {
+				return
+			}
 			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_ = l.client.CoordinationV1().Leases(l.namespace).Delete(dctx, leasePrefix+l.node, metav1.DeleteOptions{})
 			cancel()

@@ -13,6 +13,11 @@
 // incarnation, or its incarnation is higher (Peers.Accept): a captured
 // datagram sent again is refused.
 //
+// A stopping agent's last datagram says whether it leaves (dead at once)
+// or restarts: then its peers hold it alive for their restart hold while
+// its node answers ICMP echo requests (echo.go), since its kernel still
+// forwards; its new incarnation's first datagram ends the hold.
+//
 // Peers is the pure part (no clock, no socket); Heartbeat sends, receives
 // and tells the caller when a peer becomes alive or dead. It never reads
 // Kubernetes objects.

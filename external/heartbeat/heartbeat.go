@@ -42,6 +42,10 @@ type Config struct {
 	// how many a peer may miss before it is dead (DefaultMissed).
 	Interval time.Duration
 	Missed   int
+	// RestartHold is how long a peer that said it restarts stays alive
+	// while its node answers echo requests (Peers); 0: such a peer is
+	// taken as leaving.
+	RestartHold time.Duration
 }
 
 // Heartbeat sends this node's datagrams and follows its peers'.
@@ -61,8 +65,13 @@ type Heartbeat struct {
 	// said is when a rejected datagram of each source was last logged.
 	said map[netip.Addr]time.Time
 	// beforeLeave, when set, runs before the datagram saying this node
-	// leaves is sent.
+	// leaves is sent; restarting, when set, says whether it says instead
+	// that it restarts.
 	beforeLeave func()
+	restarting  func() bool
+	// echo is open while a peer is held (echo.go); Run's goroutine alone
+	// opens and closes it.
+	echo *echoer
 	// received counts the datagrams taken, refused those refused by
 	// reason (Stats).
 	received uint64
@@ -146,8 +155,10 @@ func Listen(cfg Config, log *slog.Logger, changed func()) (*Heartbeat, error) {
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat: %w", err)
 	}
+	peers := NewPeers(time.Duration(cfg.Missed) * cfg.Interval)
+	peers.SetRestartHold(cfg.RestartHold)
 	return &Heartbeat{cfg: cfg, conn: conn, log: log, changed: changed,
-		peers: NewPeers(time.Duration(cfg.Missed) * cfg.Interval), targets: map[string]netip.AddrPort{},
+		peers: peers, targets: map[string]netip.AddrPort{},
 		bySrc: map[netip.Addr]string{}, said: map[netip.Addr]time.Time{}, refused: map[string]uint64{}}, nil
 }
 
@@ -167,6 +178,15 @@ func (h *Heartbeat) SetUp(up func() bool) {
 func (h *Heartbeat) SetBeforeLeave(f func()) {
 	h.mu.Lock()
 	h.beforeLeave = f
+	h.mu.Unlock()
+}
+
+// SetRestarting makes Run, when ctx ends, tell the peers that this node
+// restarts rather than leaves when f says so: its IPs then stay with it
+// for the peers' restart hold (Peers), while its node still forwards.
+func (h *Heartbeat) SetRestarting(f func() bool) {
+	h.mu.Lock()
+	h.restarting = f
 	h.mu.Unlock()
 }
 
@@ -207,7 +227,8 @@ func (h *Heartbeat) Left(node string) bool {
 }
 
 // Run sends and receives until ctx ends, then (after SetBeforeLeave's
-// function) tells the peers this node leaves and closes the socket.
+// function) tells the peers this node leaves, or restarts
+// (SetRestarting), and closes the socket.
 func (h *Heartbeat) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(h.receive)
@@ -216,22 +237,29 @@ func (h *Heartbeat) Run(ctx context.Context) {
 	// A peer is found dead within a quarter interval of its timeout.
 	check := time.NewTicker(h.cfg.Interval / 4)
 	defer check.Stop()
-	h.send(false)
+	h.send(Message{})
+	defer func() {
+		if h.echo != nil {
+			h.echo.close()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
 			h.mu.Lock()
-			f := h.beforeLeave
+			f, r := h.beforeLeave, h.restarting
 			h.mu.Unlock()
 			if f != nil {
 				f()
 			}
-			h.send(true)
+			restart := r != nil && r()
+			h.send(Message{Leaving: !restart, Restarting: restart})
 			_ = h.conn.Close()
 			wg.Wait()
 			return
 		case <-send.C:
-			h.send(false)
+			h.send(Message{})
+			h.echoHeld()
 		case <-check.C:
 			h.mu.Lock()
 			dead := h.peers.Expire(time.Now())
@@ -244,15 +272,58 @@ func (h *Heartbeat) Run(ctx context.Context) {
 	}
 }
 
-// send sends one datagram to every peer, unless this node may not send.
-func (h *Heartbeat) send(leaving bool) {
+// echoHeld sends an echo request to the node of each held peer, opening
+// the echoer for the first and closing it after the last. Without it
+// (no CAP_NET_RAW), a held peer is dead once its heartbeats are missed.
+func (h *Heartbeat) echoHeld() {
+	now := time.Now()
 	h.mu.Lock()
-	if h.up != nil && !h.up() && !leaving {
+	var to []netip.Addr
+	for _, n := range h.peers.Held(now) {
+		if a, ok := h.targets[n]; ok {
+			to = append(to, a.Addr())
+		}
+	}
+	h.mu.Unlock()
+	switch {
+	case len(to) == 0 && h.echo != nil:
+		h.echo.close()
+		h.echo = nil
+	case len(to) > 0 && h.echo == nil:
+		e, err := openEcho(h.cfg.Bind.Addr(), h.echoed)
+		if err != nil {
+			h.log.Warn("l2 heartbeat: cannot ask a restarting peer's node whether it is up; it is dead once its heartbeats are missed", "err", err)
+			return
+		}
+		h.echo = e
+	}
+	if h.echo != nil {
+		h.echo.send(to)
+	}
+}
+
+// echoed takes an echo reply from a.
+func (h *Heartbeat) echoed(a netip.Addr, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n, ok := h.bySrc[a]; ok {
+		h.peers.Echoed(n, at)
+	}
+}
+
+// send sends one datagram to every peer, unless this node may not send
+// (a last one, leaving or restarting, is sent all the same). m says
+// whether it leaves or restarts; the rest is filled in.
+func (h *Heartbeat) send(m Message) {
+	last := m.Leaving || m.Restarting
+	h.mu.Lock()
+	if h.up != nil && !h.up() && !last {
 		h.mu.Unlock()
 		return
 	}
 	h.seq++
-	b, err := Encode(h.cfg.Key, Message{Node: h.cfg.Node, Incarnation: h.cfg.Incarnation, Seq: h.seq, Leaving: leaving})
+	m.Node, m.Incarnation, m.Seq = h.cfg.Node, h.cfg.Incarnation, h.seq
+	b, err := Encode(h.cfg.Key, m)
 	to := make([]netip.AddrPort, 0, len(h.targets))
 	for _, a := range h.targets {
 		to = append(to, a)

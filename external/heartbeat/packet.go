@@ -18,6 +18,13 @@ type Message struct {
 	Seq uint64
 	// Leaving: the sender stops (a clean stop); it is dead from now.
 	Leaving bool
+	// Restarting: the sender's agent stops to start again (a rolling
+	// update). Its node's kernel still forwards what it was given, so the
+	// peers keep it alive for their restart hold while the node answers
+	// echo requests (Peers.Accept). Agents that do not know the flag take
+	// the datagram as an ordinary heartbeat and, once the next ones are
+	// missed, the node as dead.
+	Restarting bool
 }
 
 // The wire format, all integers big-endian:
@@ -26,9 +33,10 @@ type Message struct {
 //
 // The HMAC covers every byte before it.
 const (
-	magic       = "OHB\x01"
-	flagLeaving = 1
-	macLen      = sha256.Size
+	magic          = "OHB\x01"
+	flagLeaving    = 1
+	flagRestarting = 2
+	macLen         = sha256.Size
 	// MaxNameLen is the longest node name a heartbeat carries (a Node's
 	// name is a DNS subdomain: up to 253).
 	MaxNameLen = 253
@@ -53,6 +61,9 @@ func Encode(key []byte, m Message) ([]byte, error) {
 	var flags byte
 	if m.Leaving {
 		flags |= flagLeaving
+	}
+	if m.Restarting {
+		flags |= flagRestarting
 	}
 	b = append(b, flags, byte(len(m.Node)))
 	b = append(b, m.Node...)
@@ -87,7 +98,7 @@ func Decode(b []byte, keys ...[]byte) (Message, error) {
 	p := len(magic)
 	flags := b[p]
 	p += 2
-	m := Message{Node: string(b[p : p+n]), Leaving: flags&flagLeaving != 0}
+	m := Message{Node: string(b[p : p+n]), Leaving: flags&flagLeaving != 0, Restarting: flags&flagRestarting != 0}
 	p += n
 	m.Incarnation = binary.BigEndian.Uint64(b[p:])
 	m.Seq = binary.BigEndian.Uint64(b[p+8:])

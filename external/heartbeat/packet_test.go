@@ -7,6 +7,15 @@ import (
 
 func TestEncodeDecode(t *testing.T) {
 	key := []byte("shared key")
+	for _, m := range []Message{{Node: "n", Incarnation: 1, Seq: 1, Restarting: true}, {Node: "n", Incarnation: 1, Seq: 2}} {
+		b, err := Encode(key, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := Decode(b, key); err != nil || got != m {
+			t.Fatalf("Decode(Encode(%+v)) = %+v, %v", m, got, err)
+		}
+	}
 	m := Message{Node: "node-a.example", Incarnation: 1765000000123456789, Seq: 42, Leaving: true}
 	b, err := Encode(key, m)
 	if err != nil {

@@ -14,8 +14,18 @@ var ErrNotPeer = errors.New("heartbeat: not a peer")
 // A peer is alive while its last datagram taken is less than timeout old
 // (the interval times the datagrams that may be missed). A peer never
 // heard from is not known: the caller judges it otherwise (by its Lease).
+//
+// A peer whose last datagram said it restarts is held: alive for up to
+// the restart hold after it, as long as its node answers echo requests,
+// each less than timeout after the one before (Echoed). Its agent is gone
+// for a while, but its node's kernel still forwards what the agent gave
+// it: the peers keep its IPs where they are instead of moving them away
+// and back, which breaks the connections that open meanwhile. A node that
+// stops answering is dead at once; one that answers but sends no
+// heartbeat is dead when the hold ends.
 type Peers struct {
 	timeout time.Duration
+	hold    time.Duration
 	peers   map[string]*peer
 }
 
@@ -28,6 +38,10 @@ type peer struct {
 	last      time.Time
 	alive     bool // as last reported (Accept, Expire)
 	leftAtInc bool // the incarnation inc said it leaves
+	// holdUntil: the incarnation inc said it restarts; echoed is when its
+	// node last answered an echo request.
+	holdUntil time.Time
+	echoed    time.Time
 }
 
 // NewPeers judges a peer dead when none of its datagrams was taken for
@@ -35,6 +49,11 @@ type peer struct {
 func NewPeers(timeout time.Duration) *Peers {
 	return &Peers{timeout: timeout, peers: map[string]*peer{}}
 }
+
+// SetRestartHold sets how long a peer that said it restarts stays alive
+// while its node answers echo requests (0, the default: it is taken as
+// leaving).
+func (p *Peers) SetRestartHold(d time.Duration) { p.hold = max(d, 0) }
 
 // SetMembers makes names the peers: those new are not known until heard,
 // those left out are forgotten.
@@ -66,13 +85,57 @@ func (p *Peers) Accept(m Message, now time.Time) (changed bool, err error) {
 		return false, ErrReplay
 	}
 	pr.heard, pr.floor, pr.inc, pr.seq = true, true, m.Incarnation, m.Seq
-	was := pr.alive && now.Sub(pr.last) < p.timeout
-	if m.Leaving {
+	was := pr.alive && p.liveLocked(pr, now)
+	pr.holdUntil, pr.echoed = time.Time{}, time.Time{}
+	if m.Leaving || m.Restarting && p.hold == 0 {
 		pr.last, pr.alive, pr.leftAtInc = now, false, true
 		return was, nil
 	}
+	if m.Restarting {
+		pr.holdUntil = now.Add(p.hold)
+	}
 	pr.last, pr.alive, pr.leftAtInc = now, true, false
 	return !was, nil
+}
+
+// liveLocked: pr's last datagram is less than timeout old, or pr is held
+// (the type's comment) and its node answered an echo request less than
+// timeout ago.
+func (p *Peers) liveLocked(pr *peer, now time.Time) bool {
+	if pr.leftAtInc || pr.last.IsZero() {
+		return false
+	}
+	if now.Sub(pr.last) < p.timeout {
+		return true
+	}
+	return now.Before(pr.holdUntil) && now.Sub(later(pr.last, pr.echoed)) < p.timeout
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Held returns the peers held now: those whose node the caller sends echo
+// requests to.
+func (p *Peers) Held(now time.Time) []string {
+	var out []string
+	for n, pr := range p.peers {
+		if pr.heard && pr.alive && now.Before(pr.holdUntil) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Echoed records that node answered an echo request at now. It keeps a
+// held peer alive only (the type's comment).
+func (p *Peers) Echoed(node string, now time.Time) {
+	if pr := p.peers[node]; pr != nil && now.Before(pr.holdUntil) {
+		pr.echoed = later(pr.echoed, now)
+	}
 }
 
 // Unverified makes node's heartbeats decide nothing until one is taken
@@ -98,22 +161,26 @@ func (p *Peers) Left(node string) bool {
 
 // State is node's heartbeat liveness at now: known once a datagram of it
 // was taken; then alive while the last one is less than timeout old (and
-// it did not say it leaves). last is when that one came (when it said
+// it did not say it leaves), or while it is held (the type's comment). last is when that one came (when it said
 // it leaves, if it did).
 func (p *Peers) State(node string, now time.Time) (alive, known bool, last time.Time) {
 	pr := p.peers[node]
 	if pr == nil || !pr.heard {
 		return false, false, time.Time{}
 	}
-	return !pr.leftAtInc && !pr.last.IsZero() && now.Sub(pr.last) < p.timeout, true, pr.last
+	return p.liveLocked(pr, now), true, pr.last
 }
 
 // Expire marks dead, and returns, the peers alive at the last look whose
-// last datagram is timeout old at now: those that missed their datagrams.
+// last datagram is timeout old at now: those that missed their datagrams,
+// or, held, whose node stopped answering echo requests or whose hold
+// ended.
 func (p *Peers) Expire(now time.Time) (dead []string) {
 	for n, pr := range p.peers {
-		if pr.alive && now.Sub(pr.last) >= p.timeout {
-			pr.alive = false
+		if pr.alive && !p.liveLocked(pr, now) {
+			// A held peer found dead stays so: a late echo reply does
+			// not bring its IPs back.
+			pr.alive, pr.holdUntil = false, time.Time{}
 			dead = append(dead, n)
 		}
 	}

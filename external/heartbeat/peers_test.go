@@ -118,3 +118,101 @@ func TestPeersMissCounting(t *testing.T) {
 		t.Error("b a member again: known before it is heard")
 	}
 }
+
+// TestPeersRestartHold: a peer that says it restarts stays alive for the
+// hold while its node answers echo requests, each within the timeout of
+// the one before; it is dead once they stop or the hold ends, and alive
+// as usual once its new incarnation beats. Without a hold, restarting is
+// leaving.
+func TestPeersRestartHold(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	restart := func(p *Peers, seq uint64, ms int) {
+		t.Helper()
+		if _, err := p.Accept(Message{Node: "b", Incarnation: 1, Seq: seq, Restarting: true}, at(ms)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func() *Peers {
+		p := NewPeers(300 * time.Millisecond)
+		p.SetRestartHold(2 * time.Second)
+		p.SetMembers([]string{"b"})
+		if _, err := p.Accept(Message{Node: "b", Incarnation: 1, Seq: 1}, at(0)); err != nil {
+			t.Fatal(err)
+		}
+		restart(p, 2, 100) // held until 2100 ms
+		return p
+	}
+	alive := func(p *Peers, ms int) bool { a, _, _ := p.State("b", at(ms)); return a }
+
+	// Its node answers every 100 ms: alive to the end of the hold, then
+	// dead, whatever the echoes say.
+	p := start()
+	if got := p.Held(at(100)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("Held after the restart: %v", got)
+	}
+	for ms := 200; ms < 2100; ms += 100 {
+		p.Echoed("b", at(ms))
+		if !alive(p, ms+50) || len(p.Expire(at(ms+50))) > 0 {
+			t.Fatalf("held, echoed at %d ms: dead at %d ms", ms, ms+50)
+		}
+	}
+	if alive(p, 2100) || !slices.Equal(p.Expire(at(2100)), []string{"b"}) {
+		t.Error("the hold over, no heartbeat: alive, or not expired")
+	}
+	if len(p.Held(at(2100))) > 0 {
+		t.Error("the hold over: still held")
+	}
+
+	// Its node stops answering at 500 ms: dead at 800 ms.
+	p = start()
+	for ms := 200; ms <= 500; ms += 100 {
+		p.Echoed("b", at(ms))
+	}
+	if !alive(p, 799) || alive(p, 800) || !slices.Equal(p.Expire(at(800)), []string{"b"}) {
+		t.Error("echoes stopped at 500 ms: want alive at 799 ms, dead and expired at 800 ms")
+	}
+	// An echo after it was found dead brings nothing back.
+	p.Echoed("b", at(900))
+	if alive(p, 950) || len(p.Held(at(950))) > 0 {
+		t.Error("echoed after it was found dead: alive or held again")
+	}
+
+	// No echo at all: dead a timeout after the datagram that said so.
+	p = start()
+	if !alive(p, 399) || alive(p, 400) {
+		t.Error("held, no echo: want dead 300 ms after the restart datagram")
+	}
+
+	// The new incarnation beats: alive as usual, no longer held, and no
+	// change reported (it never died).
+	p = start()
+	p.Echoed("b", at(300))
+	if changed, err := p.Accept(Message{Node: "b", Incarnation: 2, Seq: 1}, at(400)); err != nil || changed {
+		t.Errorf("back while held: changed %v, %v; want no change", changed, err)
+	}
+	if len(p.Held(at(400))) > 0 || !alive(p, 699) || alive(p, 700) {
+		t.Error("back: want no longer held, alive for a timeout after its heartbeat")
+	}
+
+	// Echoes from a peer not held keep nothing alive.
+	p = start()
+	if _, err := p.Accept(Message{Node: "b", Incarnation: 1, Seq: 3}, at(150)); err != nil {
+		t.Fatal(err)
+	}
+	p.Echoed("b", at(400))
+	if alive(p, 460) {
+		t.Error("not held (a heartbeat after the restart datagram), echoed: alive past its timeout")
+	}
+
+	// Without a hold, restarting is leaving.
+	q := NewPeers(300 * time.Millisecond)
+	q.SetMembers([]string{"b"})
+	if _, err := q.Accept(Message{Node: "b", Incarnation: 1, Seq: 1}, at(0)); err != nil {
+		t.Fatal(err)
+	}
+	restart(q, 2, 100)
+	if alive(q, 100) || !q.Left("b") {
+		t.Error("no hold, restarting: want dead and left at once")
+	}
+}

@@ -71,6 +71,27 @@ type HeartbeatConfig struct {
 	// how many a node may miss before it is dead (default 3).
 	IntervalMillis int `json:"intervalMillis,omitempty"`
 	Missed         int `json:"missed,omitempty"`
+	// RestartHoldSeconds is how long the other nodes keep the IPs of a
+	// node whose agent stopped to start again (a rolling update), while
+	// the node answers echo requests (default 10; 0: off, its IPs move at
+	// once). Its kernel still forwards meanwhile, so no connection breaks
+	// as the IPs would move away and back. An agent stops so when its
+	// Node stays (not cordoned, not being deleted); a drained node's
+	// agent hands its IPs over at once. A node that stops answering echo
+	// requests is dead at once; an agent that does not come back in time
+	// loses its IPs when the hold ends.
+	RestartHoldSeconds *float64 `json:"restartHoldSeconds,omitempty"`
+}
+
+// DefaultRestartHold is HeartbeatConfig.RestartHoldSeconds' default.
+const DefaultRestartHold = 10 * time.Second
+
+// RestartHold is c's restart hold (DefaultRestartHold when unset).
+func (c *HeartbeatConfig) RestartHold() time.Duration {
+	if c == nil || c.RestartHoldSeconds == nil {
+		return DefaultRestartHold
+	}
+	return time.Duration(*c.RestartHoldSeconds * float64(time.Second))
 }
 
 // Validate checks the numbers of c (nil: no heartbeats).
@@ -84,6 +105,8 @@ func (c *HeartbeatConfig) Validate() error {
 		return fmt.Errorf("l2.heartbeat.intervalMillis %d: want 10 or more", c.IntervalMillis)
 	case c.Missed < 0:
 		return fmt.Errorf("l2.heartbeat.missed %d: want 1 or more", c.Missed)
+	case c.RestartHoldSeconds != nil && (*c.RestartHoldSeconds < 0 || *c.RestartHoldSeconds > 600):
+		return fmt.Errorf("l2.heartbeat.restartHoldSeconds %v: want 0 (off) to 600", *c.RestartHoldSeconds)
 	}
 	return nil
 }
