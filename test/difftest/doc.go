@@ -26,7 +26,8 @@
 //     investigation;
 //   - shrinking (shrink.go): a failing case loses Services, ports,
 //     endpoints and a dual-stack Service's families one at a time while a
-//     difference remains.
+//     difference remains, from every state of its change sequence alike,
+//     and the changes before the one that differs.
 //
 // See docs/difftest.md for how to run it and what it has found.
 //

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	"slices"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 )
@@ -19,67 +21,160 @@ const (
 
 // shrink looks for a smaller case that still shows a failing difference:
 // it drops one Service, one port, one endpoint or one optional feature (an
-// IP family of a dual-stack Service among them) at a time, keeping each smaller case that still fails, until none does or
-// maxShrinkRuns cases were tried. It returns the smallest failing case
-// and its differences.
+// IP family of a dual-stack Service among them) at a time, keeping each
+// smaller case that still fails, until none does or maxShrinkRuns cases
+// were tried. It returns the smallest failing case and its differences.
 func (r *runner) shrink(ctx context.Context, c *Case, diffs []difference) (*Case, []difference, error) {
+	small, _, got, err := r.shrinkSteps(ctx, c, nil, diffs)
+	return small, got, err
+}
+
+// shrinkSteps is shrink for a case that differs after its changes
+// (steps, the last of which differs): a cut drops the same Service, port,
+// endpoint or feature from the first state and from the state after every
+// change, and a change before the last may be dropped too (the state
+// before it then goes straight to the state after it). A smaller sequence
+// is kept when some step of it still fails. It returns the smallest
+// sequence found and the differences of its failing step.
+func (r *runner) shrinkSteps(ctx context.Context, c *Case, steps []step, diffs []difference) (*Case, []step, []difference, error) {
 	runs, deadline := 0, time.Now().Add(maxShrinkTime)
 	for {
 		smaller := false
-		for _, cand := range smallerCases(c) {
+		for _, cand := range smallerSequences(c, steps) {
 			if runs >= maxShrinkRuns || time.Now().After(deadline) {
-				return c, diffs, nil
+				return c, steps, diffs, nil
 			}
 			runs++
-			got, err := r.run(ctx, cand.c)
+			got, at, err := r.runSteps(ctx, cand.c, cand.steps)
 			if err != nil {
-				return c, diffs, err
+				return c, steps, diffs, err
 			}
 			if f := failing(got); len(f) > 0 {
-				r.log.Info("shrunk", "seed", c.Seed, "dropped", cand.what, "failing", len(f))
-				c, diffs, smaller = cand.c, got, true
+				r.log.Info("shrunk", "seed", c.Seed, "dropped", cand.what, "failing", len(f), "changes", at)
+				c, steps, diffs, smaller = cand.c, cand.steps[:at], got, true
 				break
 			}
 		}
 		if !smaller {
-			return c, diffs, nil
+			return c, steps, diffs, nil
 		}
 	}
 }
 
 type candidate struct {
-	what string
-	c    *Case
+	what  string
+	c     *Case
+	steps []step
 }
 
-// smallerCases lists c with one thing fewer, the biggest cuts first.
-func smallerCases(c *Case) []candidate {
+// smallerSequences lists c and its steps with one thing fewer, the
+// biggest cuts first: a change before the last, then each cut of any
+// state (cuts) applied to every state.
+func smallerSequences(c *Case, steps []step) []candidate {
 	var out []candidate
-	for i := range c.Services {
-		if len(c.Services) > 1 {
-			n := c.clone()
-			n.Services = append(n.Services[:i], n.Services[i+1:]...)
-			out = append(out, candidate{"Service " + c.Services[i].Service.Name, n})
+	for k := 0; k+1 < len(steps); k++ {
+		out = append(out, candidate{"change " + steps[k].What, c.clone(), append(slices.Clone(steps[:k]), steps[k+1:]...)})
+	}
+	seen := map[string]bool{}
+	for _, state := range append([]*Case{c}, stepStates(steps)...) {
+		for _, ct := range cuts(state) {
+			if seen[ct.what] {
+				continue
+			}
+			seen[ct.what] = true
+			n := ct.apply(c.clone())
+			changed := n.changed
+			var ns []step
+			for _, st := range steps {
+				m := ct.apply(st.Next.clone())
+				changed = changed || m.changed
+				ns = append(ns, step{st.What, m.c})
+			}
+			if changed && !emptySequence(n.c, ns) {
+				out = append(out, candidate{ct.what, n.c, ns})
+			}
 		}
 	}
-	for i, s := range c.Services {
-		for j := range s.Service.Spec.Ports {
-			if len(s.Service.Spec.Ports) > 1 {
-				n := c.clone()
-				spec := &n.Services[i].Service.Spec
-				spec.Ports = append(spec.Ports[:j], spec.Ports[j+1:]...)
-				out = append(out, candidate{fmt.Sprintf("%s port %s", s.Service.Name, s.Service.Spec.Ports[j].Name), n})
-			}
+	return out
+}
+
+func stepStates(steps []step) []*Case {
+	var out []*Case
+	for _, st := range steps {
+		out = append(out, st.Next)
+	}
+	return out
+}
+
+// emptySequence: no state of the sequence holds a Service.
+func emptySequence(c *Case, steps []step) bool {
+	if len(c.Services) > 0 {
+		return false
+	}
+	for _, st := range steps {
+		if len(st.Next.Services) > 0 {
+			return false
 		}
-		for k, e := range s.Endpoints {
-			n := c.clone()
-			n.Services[i].Endpoints = append(n.Services[i].Endpoints[:k], n.Services[i].Endpoints[k+1:]...)
-			out = append(out, candidate{fmt.Sprintf("%s endpoint %s", s.Service.Name, e.Pod.Name()), n})
+	}
+	return true
+}
+
+// cut drops one named thing from any state that has it.
+type cut struct {
+	what string
+	fn   func(c *Case) bool // drops it from c, reports whether c had it
+}
+
+type cutResult struct {
+	c       *Case
+	changed bool
+}
+
+func (ct cut) apply(c *Case) cutResult { return cutResult{c, ct.fn(c)} }
+
+// cuts lists what can be dropped from c, by name: a Service, a port of
+// one, an endpoint (by its pod), an optional feature.
+func cuts(c *Case) []cut {
+	var out []cut
+	for _, s := range c.Services {
+		name := s.Service.Name
+		out = append(out, cut{"Service " + name, func(c *Case) bool {
+			n := len(c.Services)
+			c.Services = slices.DeleteFunc(c.Services, func(x *ServiceCase) bool { return x.Service.Name == name })
+			return len(c.Services) < n
+		}})
+	}
+	for _, s := range c.Services {
+		name := s.Service.Name
+		for _, p := range s.Service.Spec.Ports {
+			port := p.Name
+			out = append(out, cut{fmt.Sprintf("%s port %s", name, port), func(c *Case) bool {
+				x := c.service(name)
+				if x == nil || len(x.Service.Spec.Ports) < 2 {
+					return false
+				}
+				n := len(x.Service.Spec.Ports)
+				x.Service.Spec.Ports = slices.DeleteFunc(x.Service.Spec.Ports, func(q v1.ServicePort) bool { return q.Name == port })
+				return len(x.Service.Spec.Ports) < n
+			}})
+		}
+		for _, e := range s.Endpoints {
+			pod := e.Pod
+			out = append(out, cut{fmt.Sprintf("%s endpoint %s", name, pod.Name()), func(c *Case) bool {
+				x := c.service(name)
+				if x == nil {
+					return false
+				}
+				n := len(x.Endpoints)
+				x.Endpoints = slices.DeleteFunc(x.Endpoints, func(q Endpoint) bool { return q.Pod == pod })
+				return len(x.Endpoints) < n
+			}})
 		}
 		for _, f := range optional {
-			if n := c.clone(); f.drop(n.Services[i]) {
-				out = append(out, candidate{s.Service.Name + " " + f.name, n})
-			}
+			out = append(out, cut{name + " " + f.name, func(c *Case) bool {
+				x := c.service(name)
+				return x != nil && f.drop(x)
+			}})
 		}
 	}
 	return out
