@@ -185,6 +185,12 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 		}
 		return nil
 	}
+	if svc.DeletionTimestamp != nil {
+		// Served until it is gone: it keeps what it holds and is given
+		// nothing new; its deletion releases the addresses.
+		delete(a.waiting, key)
+		return nil
+	}
 	for _, msg := range overriddenAliases(svc) {
 		a.rec.Event(svc, corev1.EventTypeWarning, "AnnotationIgnored", msg) // the recorder folds repeats
 	}

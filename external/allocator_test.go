@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -54,10 +56,7 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 	b.inherit(a)
 	sync(b, "web")
 
-	var events []string
-	for len(rec.Events) > 0 {
-		events = append(events, <-rec.Events)
-	}
+	events := drain(rec)
 	if len(events) != 1 || !strings.HasPrefix(events[0], "Warning IPOutsidePools load-balancer IPs [192.0.2.5] are outside every address pool now") {
 		t.Errorf("events %q, want one IPOutsidePools warning", events)
 	}
@@ -89,4 +88,86 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 	if !slices.Equal(ips, []string{"192.0.2.1"}) {
 		t.Errorf("new got %v, want 192.0.2.1 of the pool now", ips)
 	}
+}
+
+// A Service being deleted (a finalizer holds it) keeps its address, across
+// a new term too, while every node still serves it: another Service
+// requesting that address is refused until the first is gone, then gets it.
+func TestAllocatorTerminatingServiceKeepsItsAddress(t *testing.T) {
+	ctx := context.Background()
+	now := metav1.Now()
+	web := lbService("web", false, "192.0.2.1")
+	web.DeletionTimestamp, web.Finalizers = &now, []string{"example.com/hold"}
+	taker := lbService("taker", false)
+	taker.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1"}
+	a, client, idx, rec := testAllocator(t, "192.0.2.0/30", web, taker) // .1 and .2
+	// A new term finds web terminating.
+	if err := a.rebuild(); err != nil {
+		t.Fatal(err)
+	}
+	sync := func(name string) {
+		t.Helper()
+		if err := a.sync(ctx, keyOf(lbService(name, false))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func(name string) []string {
+		t.Helper()
+		got, err := client.CoreV1().Services("ns").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, ip := range statusIPs(got) {
+			ips = append(ips, ip.String())
+		}
+		return ips
+	}
+	sync("web")
+	sync("taker")
+	if ips := a.alloc.Holds(keyOf(web)); len(ips) != 1 || ips[0].String() != "192.0.2.1" {
+		t.Errorf("terminating web holds %v, want 192.0.2.1", ips)
+	}
+	if ips := status("taker"); len(ips) != 0 {
+		t.Errorf("taker got %v while web, terminating, still exists", ips)
+	}
+	if events := drain(rec); len(events) != 1 || !strings.HasPrefix(events[0], "Warning IPConflict 192.0.2.1 is already used by") {
+		t.Errorf("events %q, want one IPConflict warning on taker", events)
+	}
+
+	// web is gone: its address goes to taker.
+	if err := idx.Delete(web); err != nil {
+		t.Fatal(err)
+	}
+	sync("web")
+	sync("taker")
+	if ips := status("taker"); !slices.Equal(ips, []string{"192.0.2.1"}) {
+		t.Errorf("taker got %v once web was gone, want 192.0.2.1", ips)
+	}
+}
+
+// testAllocator is an allocator of one pool of addresses over the Services
+// svcs, in a fake client and in the lister's index, with its events'
+// recorder.
+func testAllocator(t *testing.T, addresses string, svcs ...*corev1.Service) (*allocator, *fake.Clientset, cache.Indexer, *record.FakeRecorder) {
+	t.Helper()
+	cfg, err := Config{Pools: []PoolConfig{{Name: "p", Addresses: []string{addresses}}}}.parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, s := range svcs {
+		objs = append(objs, s)
+		if err := idx.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := fake.NewClientset(objs...)
+	rec := record.NewFakeRecorder(10)
+	a, err := newAllocator(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, client, idx, rec
 }

@@ -83,9 +83,11 @@ func normalAnnotation(v string) string {
 	return strings.Join(items, ",")
 }
 
-// managed reports whether onehop allocates the LoadBalancer IPs of svc.
+// managed reports whether onehop allocates the LoadBalancer IPs of svc. A
+// Service being deleted still is: every node serves it until it is gone
+// from the API, as kube-proxy does, so it holds its addresses until then.
 func (p *parsed) managed(svc *corev1.Service) bool {
-	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		return false
 	}
 	if svc.Spec.LoadBalancerClass == nil {

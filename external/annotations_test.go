@@ -2,16 +2,11 @@ package external
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 )
 
 // MetalLB's annotations mean what onehop's do; onehop's win, and the newer
@@ -84,29 +79,13 @@ func TestMetalLBAnnotationAliases(t *testing.T) {
 // The allocator tells a Service whose MetalLB annotation it ignores, and
 // allocates what onehop's annotation asks.
 func TestAllocatorEventsOverriddenAlias(t *testing.T) {
-	cfg, err := Config{Pools: []PoolConfig{{Name: "p", Addresses: []string{"192.0.2.0/24"}}}}.parse()
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := lbService("web", false)
 	s.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.10", "metallb.io/loadBalancerIPs": "192.0.2.11"}
-	client := fake.NewClientset(s)
-	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	if err := idx.Add(s); err != nil {
-		t.Fatal(err)
-	}
-	rec := record.NewFakeRecorder(10)
-	a, err := newAllocator(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, client, _, rec := testAllocator(t, "192.0.2.0/24", s)
 	if err := a.sync(context.Background(), keyOf(s)); err != nil {
 		t.Fatal(err)
 	}
-	var events []string
-	for len(rec.Events) > 0 {
-		events = append(events, <-rec.Events)
-	}
+	events := drain(rec)
 	want := []string{
 		`Warning AnnotationIgnored annotation metallb.io/loadBalancerIPs="192.0.2.11" is ignored: onehop.io/load-balancer-ips="192.0.2.10" wins`,
 		"Normal IPAllocated load-balancer IPs [192.0.2.10]",

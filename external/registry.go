@@ -227,8 +227,10 @@ func (r *registry) resolve(in registryInput) *ownership {
 	// are those in the status of a Service of ours that no pool holds (set
 	// by hand, or before the pools changed): until the allocator moves
 	// them they are that Service's, not free for anyone's externalIPs.
+	// Here and below, a Service being deleted holds what it held until it
+	// is gone: every node serves it until then, as kube-proxy does.
 	for _, svc := range svcs {
-		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 			continue
 		}
 		for _, ip := range statusIPs(svc) {
@@ -241,9 +243,6 @@ func (r *registry) resolve(in registryInput) *ownership {
 	// spec.externalIPs and pod external IPs compete for what is left.
 	claims := map[netip.Addr][]claim{}
 	for _, svc := range svcs {
-		if svc.DeletionTimestamp != nil {
-			continue
-		}
 		c := claim{kind: heldByExternalIP, svc: svc, created: svc.CreationTimestamp, key: keyOf(svc)}
 		seen := map[netip.Addr]bool{}
 		for _, s := range svc.Spec.ExternalIPs {

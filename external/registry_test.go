@@ -353,3 +353,49 @@ func TestLoadBalancerHolders(t *testing.T) {
 		t.Errorf("targets %v", ips)
 	}
 }
+
+// A Service being deleted (a finalizer holds it) is served until it is
+// gone, so it keeps its load-balancer, foreign load-balancer and external
+// IPs against younger claims of another namespace, and stays announced.
+func TestTerminatingServiceHoldsItsAddresses(t *testing.T) {
+	c := poolsAndCIDRs()
+	c.ExternalIPCIDRs = append(c.ExternalIPCIDRs, "192.0.2.0/24", "203.0.113.0/24") // so that only a holder refuses them
+	w := newWorld(t, c)
+	now := metav1.Now()
+	terminating := func(mod func(*corev1.Service)) func(*corev1.Service) {
+		return func(s *corev1.Service) {
+			mod(s)
+			s.DeletionTimestamp, s.Finalizers = &now, []string{"example.com/hold"}
+		}
+	}
+	foreign := "example.com/lb"
+	w.service("team-a", "web", terminating(lb(ipX.String(), false)))
+	w.service("team-a", "other", terminating(func(s *corev1.Service) {
+		lb("203.0.113.9", false)(s)
+		s.Spec.LoadBalancerClass = &foreign
+	}))
+	w.service("team-a", "ext", terminating(externalIPs(ipE.String())))
+	w.service("team-b", "taker", func(s *corev1.Service) {
+		lb("", false)(s)
+		s.Spec.ExternalIPs = []string{ipX.String(), "203.0.113.9", ipE.String()}
+	})
+	w.endpoints("team-a", "web", "node1")
+	w.endpoints("team-a", "ext", "node1")
+	own := w.resolve()
+	if !slices.Equal(own.lb[key("team-a", "web")], []netip.Addr{ipX}) || !slices.Equal(own.external[key("team-a", "ext")], []netip.Addr{ipE}) {
+		t.Errorf("terminating Services hold %v and %v", own.lb[key("team-a", "web")], own.external[key("team-a", "ext")])
+	}
+	if h := own.held[netip.MustParseAddr("203.0.113.9")]; h == nil || h.kind != heldByForeignLB {
+		t.Errorf("another controller's address of a terminating Service is held by %+v", h)
+	}
+	if got := refusalsOf(own)["team-b/taker"]; !slices.Equal(got, []string{ReasonExternalIPConflict, ReasonExternalIPConflict, ReasonExternalIPConflict}) {
+		t.Errorf("team-b/taker's refusals %v, want all three of its external IPs refused as held", got)
+	}
+	var ips []string
+	for _, tg := range targets(targetInput{services: w.svcs, slices: w.eps, nodes: w.nodes, own: own}) {
+		ips = append(ips, tg.IP.String()+"/"+tg.Service.Name)
+	}
+	if !slices.Equal(ips, []string{"192.0.2.1/web", "198.51.100.7/ext"}) {
+		t.Errorf("targets %v, want the terminating Services' addresses", ips)
+	}
+}

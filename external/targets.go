@@ -125,10 +125,7 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 	}
 	var out []Target
 	for _, svc := range in.services {
-		if svc.DeletionTimestamp != nil {
-			continue
-		}
-		k := keyOf(svc)
+		k := keyOf(svc) // one being deleted is served, and so announced, until it is gone
 		ips := append(slices.Clone(in.own.lb[k]), in.own.external[k]...)
 		if len(ips) == 0 {
 			continue
