@@ -79,6 +79,9 @@ type crdConfig struct {
 	ads adRules
 	// verdicts has one entry per object, in the order of crdObjects.
 	verdicts []verdict
+	// passwords are the values the BGPPeers name (bgpPasswords): what
+	// the controller of a split install publishes to the node agents.
+	passwords map[string]map[string][]byte
 }
 
 // peerRule is an accepted BGPPeer: the peer as the speaker takes it, and
@@ -151,6 +154,8 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 			}
 		}
 	}
+	passwords, webhookKeys := bgpPasswords(in)
+	out.passwords = passwords
 	for _, o := range oldestFirst(in.peers) {
 		v := verdict{kind: kindPeer, name: o.Name, uid: o.UID, generation: o.Generation}
 		try := func(r peerRule) error {
@@ -165,7 +170,10 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 			out.peers = append(out.peers, r)
 			return nil
 		}
-		r, err := resolvePeer(o, in.secrets)
+		r, err := resolvePeer(o, passwords)
+		if ref := o.Spec.PasswordSecret; ref != nil && webhookKeys[*ref] != "" {
+			err = webhookKeyError(*ref, webhookKeys[*ref])
+		}
 		if r, ok := decide(&v, r, err, mem.peers, try); ok {
 			next.peers[o.UID] = r
 		}

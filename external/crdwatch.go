@@ -7,7 +7,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -23,9 +25,11 @@ func WithDynamicClient(c dynamic.Interface) Option { return func(h *Hook) { h.dy
 
 // crdWatch follows the custom resources (through the dynamic client: the
 // objects are decoded into package v1alpha1's types as they are read) and
-// the Secrets of the lease namespace, which hold BGP passwords and the
-// webhook's key; where the cluster-wide part runs, also the webhooks and
-// the ConfigMaps of the lease namespace (the webhook's CA).
+// the Secrets of the lease namespace: where the cluster-wide part runs,
+// all of them (BGP passwords, the webhook's key), and the webhooks and the
+// ConfigMaps of the lease namespace (the webhook's CA); in a node agent of
+// a split install, the one Secret in which the controller publishes the
+// BGP passwords (BGPPasswordsSecretName).
 type crdWatch struct {
 	factory dynamicinformer.DynamicSharedInformerFactory
 	secrets informers.SharedInformerFactory
@@ -37,12 +41,20 @@ type crdWatch struct {
 	// webhooks and the ConfigMaps of the lease namespace (the webhook's
 	// CA): where the cluster-wide part runs, else nil.
 	webhooks, configMap cache.SharedIndexInformer
+	// published: secret follows the published BGP passwords alone (a
+	// node agent of a split install).
+	published bool
 	// changed is signalled on every change of those, and of this node's
 	// own Node (its labels and addresses pick its peers and settings).
 	changed chan struct{}
 
-	// Run's goroutine alone: the last accepted version of each object.
-	mem crdMemory
+	// Run's goroutine alone: the last accepted version of each object;
+	// in the controller of a split install, the BGP passwords to publish
+	// (bgpPasswords) and, after a write, the resourceVersion it replaced
+	// ("" for none) until the cache shows another (publishPasswords).
+	mem           crdMemory
+	passwords     map[string]map[string][]byte
+	publishedOver *string
 }
 
 // watchCRDs sets up the informers; Run starts them.
@@ -53,7 +65,17 @@ func (h *Hook) watchCRDs() error {
 	w.peers = w.factory.ForResource(v1alpha1.BGPPeers).Informer()
 	w.bgpAds = w.factory.ForResource(v1alpha1.BGPAdvertisements).Informer()
 	w.l2Ads = w.factory.ForResource(v1alpha1.L2Advertisements).Informer()
-	w.secrets = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace))
+	secretOpts := []informers.SharedInformerOption{informers.WithNamespace(h.conf().LeaseNamespace)}
+	if h.role == roleNode {
+		// The one Secret RBAC lets a node agent read (list and watch name
+		// it with the field selector metadata.name, so resourceNames
+		// holds).
+		w.published = true
+		secretOpts = append(secretOpts, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", BGPPasswordsSecretName).String()
+		}))
+	}
+	w.secrets = informers.NewSharedInformerFactoryWithOptions(h.client, 0, secretOpts...)
 	w.secret = w.secrets.Core().V1().Secrets().Informer()
 	if h.role.controller() {
 		w.webhooks = w.factory.ForResource(v1alpha1.LoadBalancerWebhooks).Informer()
@@ -111,7 +133,7 @@ func (w *crdWatch) waitSynced(ctx context.Context, log *slog.Logger) bool {
 		case ok := <-done:
 			return ok
 		case <-warn.C:
-			log.Error("external: still waiting for the onehop.io custom resources and the Secrets of the lease namespace; are deploy/base/crds installed and the RBAC applied? Nothing of the cloud hook runs until then")
+			log.Error("external: still waiting for the onehop.io custom resources and the Secrets of the lease namespace (a node agent: the BGP passwords' Secret alone); are deploy/base/crds installed and the RBAC applied? Nothing of the cloud hook runs until then")
 		}
 	}
 }
@@ -125,11 +147,7 @@ func (w *crdWatch) objects(log *slog.Logger) crdObjects {
 		peers:   decodeAll[v1alpha1.BGPPeer](w.peers, log),
 		bgpAds:  decodeAll[v1alpha1.BGPAdvertisement](w.bgpAds, log),
 		l2Ads:   decodeAll[v1alpha1.L2Advertisement](w.l2Ads, log),
-		secrets: map[string]map[string][]byte{},
-	}
-	for _, o := range w.secret.GetStore().List() {
-		s := o.(*corev1.Secret)
-		in.secrets[s.Name] = s.Data
+		secrets: w.secretData(log),
 	}
 	if w.webhooks != nil {
 		in.webhooks = decodeAll[v1alpha1.LoadBalancerWebhook](w.webhooks, log)

@@ -41,6 +41,9 @@ func (h *Hook) reload(ctx context.Context, initial bool) {
 	w := h.crd
 	cc, mem := convertCRDs(h.base, w.objects(h.log), w.mem)
 	w.mem = mem
+	if h.role == roleController {
+		w.passwords = cc.passwords
+	}
 	h.moves.crdPeers = cc.peers
 	cfg := cc.cfg
 	if h.role.node() {

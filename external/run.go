@@ -230,6 +230,9 @@ func (h *Hook) Run(ctx context.Context) error {
 		h.noteNextHops(st, st.Leader)
 		if h.crd != nil && st.Leader {
 			again = earliest(again, h.writeStatus(ctx))
+			if h.role == roleController {
+				again = earliest(again, h.publishPasswords(ctx))
+			}
 		}
 		if h.role == roleController && h.conf().settles() {
 			if err := h.publishGrants(ctx); err != nil {
