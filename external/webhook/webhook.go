@@ -80,18 +80,21 @@ type Snapshot struct {
 
 // Notifier sends the desired state while this agent leads. Lead starts a
 // leadership term: the first Set after it sends a Snapshot, later ones
-// each changed Service; one goroutine per Service delivers the newest
-// state, retrying failures with back-off. When the term ends (Demote, or
+// each changed Service; one goroutine per Service with a message pending
+// delivers its newest state, retrying failures with back-off, at most
+// maxInFlight requests at once over as many kept connections. When the term ends (Demote, or
 // the context given to Lead ends) every pending message and retry is
 // dropped at once, and Set does nothing until the next Lead.
 type Notifier struct {
 	cfg    Config
 	secret []byte
 	http   *http.Client
-	log    *slog.Logger
-	onErr  func(service string, err error, attempt int)
-	onOK   func(service string)
-	wg     sync.WaitGroup
+	// inFlight holds a token per request being sent (maxInFlight).
+	inFlight chan struct{}
+	log      *slog.Logger
+	onErr    func(service string, err error, attempt int)
+	onOK     func(service string)
+	wg       sync.WaitGroup
 
 	mu       sync.Mutex
 	base     context.Context
@@ -106,8 +109,8 @@ type term struct {
 	cancel   func()
 	count    uint64
 	snapshot bool              // the snapshot is queued
-	last     map[string]string // service -> canonical JSON of what was queued (without generation)
-	slots    map[string]*slot  // service ("" for the snapshot) -> its delivery
+	last     map[string]string // service -> canonical JSON of what was queued (without generation); deleted ones leave
+	slots    map[string]*slot  // service ("" for the snapshot) -> its delivery, while one is pending or in flight
 }
 
 // message is one signed-on-send POST body.
@@ -147,6 +150,7 @@ func New(cfg Config, log *slog.Logger, onErr func(service string, err error, att
 		cfg.MaxBackoffSeconds = 30
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = maxInFlight
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	pem, from := cfg.CA, "the CA bundle"
 	if cfg.CAFile != "" {
@@ -172,7 +176,7 @@ func New(cfg Config, log *slog.Logger, onErr func(service string, err error, att
 	if onOK == nil {
 		onOK = func(string) {}
 	}
-	return &Notifier{cfg: cfg, secret: secret, http: client, log: log, onErr: onErr, onOK: onOK, base: context.Background()}, nil
+	return &Notifier{cfg: cfg, secret: secret, http: client, inFlight: make(chan struct{}, maxInFlight), log: log, onErr: onErr, onOK: onOK, base: context.Background()}, nil
 }
 
 // Check reports what New would refuse in cfg without reading any file:
@@ -305,11 +309,15 @@ func (n *Notifier) Set(states []Payload) {
 			return
 		}
 	}
-	for svc, c := range t.last {
-		if !seen[svc] && c != "deleted" {
+	for svc := range t.last {
+		if !seen[svc] {
 			if !n.send(t, Payload{Service: svc, IPs: []string{}, Ports: []Port{}, Nodes: []Node{}, Deleted: true}) {
 				return
 			}
+			// Sent as deleted once: a Service gone leaves nothing of
+			// itself in the term, which a stream of Services created
+			// and deleted would otherwise grow without bound.
+			delete(t.last, svc)
 		}
 	}
 }
@@ -365,7 +373,7 @@ func (n *Notifier) queue(t *term, key string, gen uint64, v any) {
 		s = &slot{wake: make(chan struct{}, 1)}
 		t.slots[key] = s
 		n.wg.Add(1)
-		go n.deliver(t, s)
+		go n.deliver(t, key, s)
 	}
 	s.pending = &message{service: key, gen: gen, body: body}
 	select {
@@ -382,7 +390,23 @@ func (n *Notifier) take(s *slot) *message {
 	return m
 }
 
-func (n *Notifier) deliver(t *term, s *slot) {
+// idle removes s, the delivery of key, from t once nothing is pending for
+// it, and reports whether it did: its goroutine then ends, and the next
+// message for key starts another. So a term holds a goroutine per Service
+// with a message pending or in flight, not per Service it ever sent.
+func (n *Notifier) idle(t *term, key string, s *slot) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s.pending != nil {
+		return false
+	}
+	if t.slots[key] == s {
+		delete(t.slots, key)
+	}
+	return true
+}
+
+func (n *Notifier) deliver(t *term, key string, s *slot) {
 	defer n.wg.Done()
 	for {
 		select {
@@ -415,11 +439,27 @@ func (n *Notifier) deliver(t *term, s *slot) {
 			}
 			backoff = min(backoff*2, seconds(n.cfg.MaxBackoffSeconds))
 		}
+		if n.idle(t, key, s) {
+			return
+		}
 	}
 }
 
-// post sends body, signed now (each attempt afresh).
+// maxInFlight bounds the requests sent at once: a burst of changes (a
+// snapshot's worth of Services created, say) queues behind them instead
+// of opening a connection and a TLS handshake per Service, which would
+// time out against the receiver and retry without end.
+const maxInFlight = 16
+
+// post sends body, signed now (each attempt afresh), once fewer than
+// maxInFlight requests are in flight.
 func (n *Notifier) post(ctx context.Context, body []byte) error {
+	select {
+	case n.inFlight <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-n.inFlight }()
 	ctx, cancel := context.WithTimeout(ctx, seconds(n.cfg.TimeoutSeconds))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.cfg.URL, bytes.NewReader(body))

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,6 +137,19 @@ func tlsReceiver(t *testing.T, r http.Handler) Config {
 	return Config{URL: srv.URL, CAFile: ca, Secret: "s3cret", MaxBackoffSeconds: 0.2}
 }
 
+// leading returns a Notifier to rcv that leads term.
+func leading(t *testing.T, rcv *receiver, term uint64) *Notifier {
+	t.Helper()
+	n, err := New(tlsReceiver(t, rcv), slog.Default(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Lead(t.Context(), term); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func svc(name, node string) Payload {
 	return Payload{Service: name, IPs: []string{"192.0.2.1"}, Ports: []Port{{80, "TCP"}},
 		Nodes: []Node{{Name: node, Addresses: []string{"10.0.0.11"}}}}
@@ -230,14 +245,7 @@ func TestNewLeaderSnapshotReconciles(t *testing.T) {
 func TestDemoteDropsRetries(t *testing.T) {
 	rcv := newReceiver()
 	rcv.fail.Store(1 << 30)
-	n, err := New(tlsReceiver(t, rcv), slog.Default(), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	if err := n.Lead(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	n := leading(t, rcv, 1)
 	n.Set([]Payload{svc("ns/a", "n1")})
 	n.Set([]Payload{svc("ns/a", "n1"), svc("ns/b", "n1")})
 	for rcv.attempts.Load() < 4 { // retrying
@@ -480,4 +488,47 @@ func TestReplayRejected(t *testing.T) {
 	if code := replay(got[1]); code != http.StatusUnauthorized {
 		t.Fatalf("replay after the window: %d, want 401", code)
 	}
+}
+
+// TestTermForgetsDeletedServices: 20,000 Services sent and then deleted,
+// in one term, leave no goroutine and no entry of theirs behind: a term
+// holds a delivery goroutine per Service with a message pending or in
+// flight, and remembers only the Services that exist.
+func TestTermForgetsDeletedServices(t *testing.T) {
+	const services = 20000
+	rcv := newReceiver()
+	n := leading(t, rcv, 1)
+	n.Set(nil) // the snapshot, empty
+	rcv.waitCalls(t, 1)
+	base := runtime.NumGoroutine()
+	for i := range services / 1000 {
+		states := make([]Payload, 0, 1000)
+		for j := range 1000 {
+			states = append(states, svc(fmt.Sprintf("ns/s%d", i*1000+j), "a"))
+		}
+		n.Set(states) // a thousand created
+		n.Set(nil)    // and deleted
+	}
+	held := func() (slots, last int) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return len(n.term.slots), len(n.term.last)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		slots, last := held()
+		g := runtime.NumGoroutine()
+		if slots == 0 && last == 0 && g <= base+5 {
+			t.Logf("%d Services created and deleted: %d calls received; goroutines %d (%d before)", services, len(rcv.calls), g, base)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Services created and deleted: the term holds %d deliveries and %d Services, %d goroutines (%d before)", services, slots, last, g, base)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rcv.waitMirror(t, map[string]string{})
+	// The term still sends: a Service created now reaches the receiver.
+	n.Set([]Payload{svc("ns/late", "b")})
+	rcv.waitMirror(t, map[string]string{"ns/late": "b"})
 }
