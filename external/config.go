@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,14 +85,16 @@ type PoolConfig struct {
 	// AutoAssign (default true) lets Services that name no pool use it.
 	// Pools with AllowPods are never auto-assigned.
 	AutoAssign *bool `json:"autoAssign,omitempty"`
-	// AllowPods lets Pods claim its addresses with onehop.io/external-ip.
+	// AllowPods lets Pods claim its addresses with onehop.io/external-ip,
+	// those of the namespaces it serves.
 	AllowPods bool `json:"allowPods,omitempty"`
 
 	// Namespaces, when set, are the only namespaces whose Services may
-	// use the pool (auto-assigned, named, or by requested address).
+	// use the pool (auto-assigned, named, or by requested address), and
+	// whose Pods may claim its addresses.
 	Namespaces []string `json:"namespaces,omitempty"`
 	// ServiceSelectors, when set, admit only the Services whose labels
-	// match one of them.
+	// match one of them, and no Pod.
 	ServiceSelectors []metav1.LabelSelector `json:"serviceSelectors,omitempty"`
 	// Priority orders auto-assignment between the pools that admit a
 	// Service: lower values first; pools without a priority come last, in
@@ -216,23 +219,36 @@ func (pc PoolConfig) pool() (ipam.Pool, error) {
 // externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs
 // only, as the dataplane does (--external-ip-cidrs); pool addresses are the
 // allocator's to hand out.
-func (p *parsed) externalIPAllowed(a netip.Addr) bool { return p.allowed(a, false) }
-
-// podIPAllowed: pod external IPs inside ExternalIPCIDRs or a pool with
-// AllowPods.
-func (p *parsed) podIPAllowed(a netip.Addr) bool { return p.allowed(a, true) }
-
-func (p *parsed) allowed(a netip.Addr, pods bool) bool {
+func (p *parsed) externalIPAllowed(a netip.Addr) bool {
 	a = a.Unmap()
-	for _, c := range p.extCIDR {
-		if c.Contains(a) {
-			return true
-		}
-	}
+	return slices.ContainsFunc(p.extCIDR, func(c netip.Prefix) bool { return c.Contains(a) })
+}
+
+// podIPRefused says why a Pod of namespace ns may not claim a as its
+// external IP, "" when it may. An address of a pool is the pool's to give,
+// as to Services: the pool must be for Pods (AllowPods, or inside
+// ExternalIPCIDRs), its Namespaces must admit ns, and it must select no
+// Services by label (serviceSelectors admit only the Services they match,
+// and a Pod is none). An address in no pool must be inside
+// ExternalIPCIDRs.
+func (p *parsed) podIPRefused(a netip.Addr, ns string) string {
+	a = a.Unmap()
+	inCIDRs := p.externalIPAllowed(a)
 	for i := range p.pools {
-		if pods && p.pools[i].AllowPods && p.pools[i].Contains(a) {
-			return true
+		pool := &p.pools[i]
+		if !pool.Contains(a) || !pool.AllowPods && !inCIDRs {
+			continue
 		}
+		if len(pool.Selectors) > 0 {
+			return fmt.Sprintf("%s is in address pool %q, which serves only the Services its serviceSelectors match, no Pod", a, pool.Name)
+		}
+		if !pool.Admits(ns, nil) {
+			return fmt.Sprintf("%s is in address pool %q, which does not serve Pods of namespace %s", a, pool.Name, ns)
+		}
+		return ""
 	}
-	return false
+	if !inCIDRs {
+		return fmt.Sprintf("%s is outside the allowed external IP CIDRs and the pools marked for pods", a)
+	}
+	return ""
 }

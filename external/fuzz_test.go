@@ -78,7 +78,7 @@ func FuzzConfig(f *testing.F) {
 		for _, a := range []string{"192.0.2.1", "203.0.113.7", "2001:db8::1", "::ffff:192.0.2.1", "0.0.0.0"} {
 			ip := netip.MustParseAddr(a)
 			p.externalIPAllowed(ip)
-			p.podIPAllowed(ip)
+			p.podIPRefused(ip, "a")
 		}
 	})
 }

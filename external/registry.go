@@ -18,7 +18,9 @@ import (
 // The event reasons of refused claims on external addresses.
 const (
 	// ReasonExternalIPNotAllowed: outside externalIPCIDRs (and, for Pods,
-	// the pools with allowPods), or claimed by a hostNetwork Pod.
+	// the pools with allowPods), in a pool that does not serve the Pod's
+	// namespace or selects Services by label, or claimed by a hostNetwork
+	// Pod.
 	ReasonExternalIPNotAllowed = "ExternalIPNotAllowed"
 	// ReasonExternalIPConflict: someone else holds the address.
 	ReasonExternalIPConflict = "ExternalIPConflict"
@@ -272,6 +274,7 @@ func (r *registry) resolve(in registryInput) *ownership {
 		}
 		c := claim{kind: heldByPod, pod: p, created: p.CreationTimestamp, key: portal.ServiceKey{Namespace: p.Namespace, Name: p.Name}}
 		a, err := netip.ParseAddr(strings.TrimSpace(v))
+		why := r.cfg.podIPRefused(a, p.Namespace)
 		switch {
 		case err != nil:
 			refuse(c, v, ReasonBadAnnotation, "annotation %s: %q is not an IP address", AnnotationExternalIP, v)
@@ -279,8 +282,8 @@ func (r *registry) resolve(in registryInput) *ownership {
 		case p.Spec.HostNetwork:
 			refuse(c, v, ReasonExternalIPNotAllowed, "a hostNetwork Pod cannot have an external IP: its traffic is its node's")
 			continue
-		case !r.cfg.podIPAllowed(a):
-			refuse(c, v, ReasonExternalIPNotAllowed, "%s is outside the allowed external IP CIDRs and the pools marked for pods", a)
+		case why != "":
+			refuse(c, v, ReasonExternalIPNotAllowed, "%s", why)
 			continue
 		}
 		a = a.Unmap()

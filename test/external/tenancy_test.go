@@ -272,6 +272,7 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 	if _, err := (&portal.Informers{Client: c, NodeName: node, Watch: watch}).Start(ctx, tr); err != nil {
 		return err
 	}
+	apply := nodeDataplane()
 	go func() {
 		for {
 			var mine []portal.PodExternalIP
@@ -281,13 +282,14 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 				}
 			}
 			tr.SetPodExternalIPs(mine)
-			snap, _ := tr.Snapshot()
-			h.Programmed(snap)
-			var ips []netip.Addr
-			for _, p := range snap.Node.PodExternalIPs {
-				ips = append(ips, p.External)
+			if snap, _ := tr.Snapshot(); apply(ctx, snap) {
+				h.Programmed(snap)
+				var ips []netip.Addr
+				for _, p := range snap.Node.PodExternalIPs {
+					ips = append(ips, p.External)
+				}
+				h.ProgrammedPodIPs(ips)
 			}
-			h.ProgrammedPodIPs(ips)
 			select {
 			case <-ctx.Done():
 				return
