@@ -71,7 +71,7 @@ func decodePasswords(s *corev1.Secret) (map[string]map[string][]byte, error) {
 		return out, nil
 	}
 	if err := json.Unmarshal(s.Data[BGPPasswordsKey], &out); err != nil {
-		return map[string]map[string][]byte{}, fmt.Errorf("Secret %s, key %s: %w", BGPPasswordsSecretName, BGPPasswordsKey, err)
+		return map[string]map[string][]byte{}, fmt.Errorf("secret %s, key %s: %w", BGPPasswordsSecretName, BGPPasswordsKey, err)
 	}
 	return out, nil
 }

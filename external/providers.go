@@ -30,9 +30,14 @@ func (p *bgpProvider) Name() string { return "bgp" }
 func (p *bgpProvider) Update(_ context.Context, s *State) error {
 	var routes []bgp.Route
 	prefixesOf := map[netip.Addr][]netip.Prefix{}
-	for _, ip := range s.IPs() {
+	ips := s.IPs()
+	whole := map[netip.Prefix]bool{}
+	for _, ip := range ips {
 		if s.Serves(ip) {
 			for _, r := range s.ann.bgpRoutes(ip, s.Node) {
+				if !r.Prefix.IsSingleIP() && !aggregatable(s, ips, r.Prefix, whole) {
+					r.Prefix = bgp.HostRoute(ip).Prefix
+				}
 				routes = append(routes, r)
 				prefixesOf[ip] = append(prefixesOf[ip], r.Prefix)
 			}
@@ -55,6 +60,39 @@ func (p *bgpProvider) Update(_ context.Context, s *State) error {
 }
 
 func (p *bgpProvider) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
+
+// aggregatable reports whether this node may announce prefix, an
+// aggregate: every address of ips inside it that some node should receive
+// should be received by the same nodes, and this node serves each of them.
+// Otherwise the aggregate would draw the traffic of an address served
+// elsewhere alone (an externalTrafficPolicy Local Service whose endpoints
+// are on other nodes, a Pod's address) and black-hole it, or leave the
+// addresses the nodes share to the one node announcing them alone; every
+// node then announces its own addresses alone, and the router's longest
+// match sends each where it is served. Answers are kept in memo, per
+// prefix, for one update: the cost is the addresses inside each aggregate
+// once, whatever the number of Services sharing it.
+func aggregatable(s *State, ips []netip.Addr, prefix netip.Prefix, memo map[netip.Prefix]bool) bool {
+	if ok, seen := memo[prefix]; seen {
+		return ok
+	}
+	ok := true
+	var nodes []string
+	i, _ := slices.BinarySearchFunc(ips, prefix.Masked().Addr(), netip.Addr.Compare)
+	for ; ok && i < len(ips) && prefix.Contains(ips[i]); i++ {
+		e := s.Eligible(ips[i])
+		switch {
+		case len(e) == 0:
+		case nodes == nil:
+			nodes = e
+			ok = s.Serves(ips[i])
+		default:
+			ok = slices.Equal(nodes, e) && s.Serves(ips[i])
+		}
+	}
+	memo[prefix] = ok
+	return ok
+}
 
 // l2Provider answers for the IPs this node owns: l2.Owner over the eligible
 // nodes whose agents are alive, kept by idx as the cluster changes
