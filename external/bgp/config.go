@@ -35,6 +35,12 @@ type Peer struct {
 	// must run BFD too. BFDIntervalMillis defaults to 300, x3.
 	BFD               bool   `json:"bfd,omitempty"`
 	BFDIntervalMillis uint32 `json:"bfdIntervalMillis,omitempty"`
+	// MaxPrefixes is how many routes of each address family the peer may
+	// send (default DefaultMaxPrefixes). The speaker takes none of them,
+	// but holds them as received; a peer that sends more has its session
+	// ended, and it stays down until the peer's settings change or the
+	// agent restarts.
+	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
 }
 
 // Validate reports the first configuration error.

@@ -107,8 +107,13 @@ func (s *Speaker) watch(ctx context.Context, srv *server.BgpServer) error {
 			if p.Type == apiutil.PEER_EVENT_STATE {
 				s.log.Info("bgp peer state", "peer", st.NeighborAddress, "state", st.SessionState.String())
 			}
+			reason := disconnectReason(st.DisconnectReason, st.DisconnectMessage)
+			if p.Type == apiutil.PEER_EVENT_STATE && st.AdminState == api.PeerState_ADMIN_STATE_PFX_CT &&
+				st.SessionState == bgp.BGP_FSM_IDLE {
+				reason = s.overPrefixLimit(st.NeighborAddress.Unmap())
+			}
 			s.sessions.observe(st.NeighborAddress.Unmap(), st.PeerASN, st.SessionState == bgp.BGP_FSM_ESTABLISHED,
-				s.configured(st.NeighborAddress), disconnectReason(st.DisconnectReason, st.DisconnectMessage))
+				s.configured(st.NeighborAddress), reason)
 		}}, server.WatchPeer())
 }
 

@@ -80,6 +80,10 @@ func (s *Speaker) Start(ctx context.Context) error {
 	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: s.cfg.ASN, RouterId: rid, ListenPort: port}}); err != nil {
 		return fmt.Errorf("bgp: start: %w", err)
 	}
+	if err := s.setPolicy(ctx); err != nil {
+		_ = s.srv.StopBgp(ctx, &api.StopBgpRequest{})
+		return err
+	}
 	// The watch lives as long as the speaker (Stop ends it), not as ctx.
 	wctx, end := context.WithCancel(context.WithoutCancel(ctx))
 	s.mu.Lock()
@@ -110,15 +114,10 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 		}},
 		Transport: &api.Transport{RemotePort: uint32(p.Port)},
 	}
-	for is6 := range s.nextHops {
-		afi := api.Family_AFI_IP
-		if is6 {
-			afi = api.Family_AFI_IP6
-		}
-		pc.AfiSafis = append(pc.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{
-			Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
+	for _, f := range s.families() {
+		pc.AfiSafis = append(pc.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true},
+			PrefixLimits: prefixLimit(p, f)})
 	}
-	slices.SortFunc(pc.AfiSafis, func(a, b *api.AfiSafi) int { return int(a.Config.Family.Afi) - int(b.Config.Family.Afi) })
 	if p.Multihop > 0 {
 		pc.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
 	}
@@ -131,6 +130,18 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 			DesiredMinimumTxInterval: iv * 1000, RequiredMinimumReceive: iv * 1000, DetectionMultiplier: 3}
 	}
 	return pc
+}
+
+// families are the address families the speaker announces: those it has
+// a next hop of, IPv4 first.
+func (s *Speaker) families() []*api.Family {
+	var out []*api.Family
+	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
+		if _, ok := s.nextHops[afi == api.Family_AFI_IP6]; ok {
+			out = append(out, &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST})
+		}
+	}
+	return out
 }
 
 // announcedRoute is a route as the speaker gave it to GoBGP.

@@ -103,19 +103,7 @@ template bgp nodes {
 protocol bgp node1 from nodes { neighbor 10.0.0.11 as 64513; }
 protocol bgp node2 from nodes { neighbor 10.0.0.12 as 64513; }
 `), 0o644)
-	cmd := lab.command("router", "bird", "-f", "-c", conf, "-s", filepath.Join(lab.dir, "bird.ctl"))
-	var logb strings.Builder
-	cmd.Stdout, cmd.Stderr = &logb, &logb
-	if err := cmd.Start(); err != nil {
-		lab.t.Fatal(err)
-	}
-	lab.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if lab.t.Failed() {
-			lab.t.Logf("bird:\n%s", logb.String())
-		}
-	})
+	lab.runBird("router", conf, filepath.Join(lab.dir, "bird.ctl"), "bird")
 }
 
 var viaRE = regexp.MustCompile(`via (?:inet6 )?([0-9a-f.:]+)`)

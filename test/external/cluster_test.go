@@ -509,19 +509,7 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 	cmd := tp.command(n, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+s.nodeKubeconfig(n), "OHX_NODE="+n,
 		"OHX_METRICS="+s.metricsSocket(n))
-	logb := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = logb, logb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		checkNodeLog(t, n, logb.String())
-		if t.Failed() {
-			t.Logf("agent %s:\n%s", n, logb.String())
-		}
-	})
+	tp.startLogged(cmd, "agent "+n, func(log string) { checkNodeLog(t, n, log) })
 	return cmd
 }
 

@@ -2,8 +2,6 @@ package external
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,28 +19,11 @@ import (
 // with the nodes as direct next hops, and reloads it.
 func (lab *bgpLab) internalPeering(t *testing.T) {
 	t.Helper()
-	conf := filepath.Join(lab.dir, "bird.conf")
-	b, err := os.ReadFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	for _, r := range [][2]string{
+	lab.reconfigure(t, [][2]string{
 		{"as 64513;", "as 64512;"},
 		{"passive yes;", "passive yes; direct;"}, // BIRD takes an internal peer for multihop otherwise
 		{"ipv4 { import filter { if net ~ [ 203.0.113.0/24{32,32} ]", "ipv4 { gateway direct; import filter { if net ~ [ 203.0.113.0/24{24,32} ]"},
-	} {
-		if !strings.Contains(s, r[0]) {
-			t.Fatalf("the lab's BIRD configuration has no %q", r[0])
-		}
-		s = strings.ReplaceAll(s, r[0], r[1])
-	}
-	if err := os.WriteFile(conf, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out := lab.birdc("configure"); !strings.Contains(out, "Reconfigur") {
-		t.Fatalf("birdc configure: %s", out)
-	}
+	}, "")
 }
 
 // routeAttrs waits until BIRD's route to prefix carries every one of

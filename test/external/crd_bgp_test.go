@@ -45,11 +45,7 @@ func (lab *bgpLab) requirePassword(t *testing.T, pw string) {
 // it returns its session line with node1 once established.
 func (lab *bgpLab) startSecondRouter(t *testing.T, pw string) (established func() string) {
 	t.Helper()
-	lab.add("router2")
-	lab.veth("router", "vr2", "router2", "eth0")
-	lab.ip("router", "link", "set", "vr2", "master", "br0")
-	lab.ip("router2", "addr", "add", secondRouter+"/24", "dev", "eth0")
-	conf, ctl := filepath.Join(lab.dir, "bird2.conf"), filepath.Join(lab.dir, "bird2.ctl")
+	conf, ctl := lab.addSecondRouter()
 	if err := os.WriteFile(conf, []byte(`router id `+secondRouter+`;
 protocol device { scan time 10; }
 protocol bgp node1 { local `+secondRouter+` as 64512; neighbor 10.0.0.11 as 64513; passive yes;
@@ -58,19 +54,7 @@ protocol bgp node1 { local `+secondRouter+` as 64512; neighbor 10.0.0.11 as 6451
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := lab.command("router2", "bird", "-f", "-c", conf, "-s", ctl)
-	var logb strings.Builder
-	cmd.Stdout, cmd.Stderr = &logb, &logb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("second bird:\n%s", logb.String())
-		}
-	})
+	lab.runBird("router2", conf, ctl, "second bird")
 	return func() string {
 		t.Helper()
 		var line string

@@ -200,17 +200,6 @@ func (tp *topo) startAgent(n string, cfg external.Config, kubeconfig string) *ex
 	b, _ := json.Marshal(cfg)
 	cmd := tp.command(n, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "OHX_HOOK="+string(b), "OHX_KUBECONFIG="+kubeconfig, "OHX_NODE="+n)
-	logb := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = logb, logb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("agent %s:\n%s", n, logb.String())
-		}
-	})
+	tp.startLogged(cmd, "agent "+n)
 	return cmd
 }

@@ -59,6 +59,8 @@ func speakerMain(cfgJSON, nexthop string) int {
 		switch cmd {
 		case "set":
 			reply(sp.Set(parseIPs(arg)))
+		case "learned":
+			fmt.Println(learnedLine(sp))
 		case "stop":
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			reply(sp.Stop(ctx))
