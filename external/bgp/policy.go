@@ -24,8 +24,12 @@ const (
 	exportPolicy = "onehop-own-routes-out"
 
 	// DefaultMaxPrefixes is a peer's prefix limit, per address family,
-	// when its MaxPrefixes is 0.
-	DefaultMaxPrefixes = 1000
+	// when its MaxPrefixes is 0: far above what a router sends nodes (a
+	// default route, a partial table), so that no session of an existing
+	// install is cut on upgrade, and well below a full Internet table
+	// (about a million IPv4 routes), whose Adj-RIB-In would take about
+	// half a gigabyte; 100,000 routes hold about 50 MB.
+	DefaultMaxPrefixes = 100000
 	// prefixLimitWarnPercent of the limit gets a warning in the log.
 	prefixLimitWarnPercent = 80
 	// PrefixLimitRestart is how long a session ended by the prefix limit

@@ -158,7 +158,7 @@ func (s *speaker) learned() (l bgp.Learned, heap uint64) {
 // TestBGPPolicyImportsNothing: the lab's BIRD, standing for a top-of-rack
 // router, sends node1's speaker routes of its own. A hundred are received
 // and none is taken into the speaker's RIB, while its route to the VIP
-// stays; ten thousand exceed the peer's prefix limit, and the speaker
+// stays; ten thousand exceed the peer's prefix limit (set to 1000), and the speaker
 // ends the session (BIRD reads "Maximum number of prefixes reached")
 // and holds none of them: its heap is where it was before they came.
 // Once the router sends fewer, the speaker's next try (PrefixLimitRestart
@@ -168,7 +168,9 @@ func TestBGPPolicyImportsNothing(t *testing.T) {
 	lab := newBGPLab(t)
 	lab.upstreamRoutes(t, few, many)
 	ctl := filepath.Join(lab.dir, "bird.ctl")
-	n1 := lab.startSpeaker("node1", "10.0.0.11", speakerConfig())
+	cfg := speakerConfig()
+	cfg.Peers[0].MaxPrefixes = 1000 // the default is 100 times that: ten thousand routes stand for a full table
+	n1 := lab.startSpeaker("node1", "10.0.0.11", cfg)
 	n1.set(vip)
 	lab.waitHops(t, "node1 announces", "10.0.0.11")
 
