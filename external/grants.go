@@ -20,12 +20,18 @@ import (
 
 // GrantsConfigMapName is the ConfigMap, in the lease namespace, in which
 // the controller of a split install records which Pod holds each pod
-// external IP. Only the controller writes it; node agents read it and map
-// a Pod of their own node only when it names that Pod.
+// external IP, and which namespace's Services hold each spec.externalIPs
+// address. Only the controller writes it; node agents read it and map a
+// Pod of their own node only when it names that Pod, and serve an
+// external IP for the namespace it names.
 const GrantsConfigMapName = "onehop-pod-external-ips"
 
-// grantsKey is the ConfigMap key holding the grants as JSON.
-const grantsKey = "grants"
+// The ConfigMap keys holding the grants as JSON: the Pods' (grant) and
+// the Services' (externalGrant).
+const (
+	grantsKey   = "grants"
+	externalKey = "externalIPs"
+)
 
 // grant is one pod external IP and the Pod holding it.
 type grant struct {
@@ -35,11 +41,21 @@ type grant struct {
 	UID       types.UID  `json:"uid"`
 }
 
-// settles reports whether the controller settles pod external IPs: a split
-// install with them on. Node agents then watch only their own node's Pods
-// and follow the controller's grants; without a separate controller every
-// agent watches every Pod and settles them itself.
-func (p *parsed) settles() bool { return p.SeparateController && p.PodExternalIPs }
+// externalGrant is one spec.externalIPs address and the namespace whose
+// Services hold it.
+type externalGrant struct {
+	IP        netip.Addr `json:"ip"`
+	Namespace string     `json:"namespace"`
+}
+
+// settles reports whether the controller settles who holds external
+// addresses: a split install with pod external IPs on or externalIPCIDRs
+// set. Node agents then follow the controller's grants (and, for pod
+// external IPs, watch only their own node's Pods); without a separate
+// controller every agent settles them itself.
+func (p *parsed) settles() bool {
+	return p.SeparateController && (p.PodExternalIPs || len(p.extCIDR) > 0)
+}
 
 // decodeGrants reads the grants of cm (none for nil). A grant that does not
 // parse is left out: its Pod is not mapped, nobody else takes its address
@@ -57,6 +73,41 @@ func decodeGrants(cm *corev1.ConfigMap) ([]grant, error) {
 
 func encodeGrants(gs []grant) string {
 	slices.SortFunc(gs, func(a, b grant) int { return a.IP.Compare(b.IP) })
+	b, _ := json.Marshal(gs) // netip.Addr and strings: cannot fail
+	return string(b)
+}
+
+// decodeExternalGrants reads the spec.externalIPs grants of cm (none for
+// nil), as the registry takes them: address -> namespace. A ConfigMap that
+// does not parse grants nothing: every agent then falls back alike to the
+// oldest claim.
+func decodeExternalGrants(cm *corev1.ConfigMap) (map[netip.Addr]string, error) {
+	if cm == nil || cm.Data[externalKey] == "" {
+		return nil, nil
+	}
+	var gs []externalGrant
+	if err := json.Unmarshal([]byte(cm.Data[externalKey]), &gs); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", cm.Namespace, cm.Name, externalKey, err)
+	}
+	out := map[netip.Addr]string{}
+	for _, g := range gs {
+		if g.IP.IsValid() && g.Namespace != "" {
+			out[g.IP.Unmap()] = g.Namespace
+		}
+	}
+	return out, nil
+}
+
+// externalGrantsOf are the spec.externalIPs addresses own gives to a
+// namespace's Services, encoded, sorted by address.
+func externalGrantsOf(own *ownership) string {
+	gs := []externalGrant{}
+	for ip, h := range own.held {
+		if h.kind == heldByExternalIP {
+			gs = append(gs, externalGrant{IP: ip, Namespace: h.namespace})
+		}
+	}
+	slices.SortFunc(gs, func(a, b externalGrant) int { return a.IP.Compare(b.IP) })
 	b, _ := json.Marshal(gs) // netip.Addr and strings: cannot fail
 	return string(b)
 }
@@ -122,6 +173,11 @@ func (h *Hook) watchSettled() {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", h.node).String()
 		}))
 	h.pods = h.podFactory.Core().V1().Pods().Informer()
+	h.watchGrants()
+}
+
+// watchGrants makes a node agent's hook watch the grants ConfigMap.
+func (h *Hook) watchGrants() {
 	h.grantFactory = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", GrantsConfigMapName).String()
@@ -131,14 +187,41 @@ func (h *Hook) watchSettled() {
 
 // currentGrants are the grants a node agent follows now.
 func (h *Hook) currentGrants() []grant {
+	cm := h.grantsConfigMap()
+	gs, err := decodeGrants(cm)
+	if err != nil {
+		h.log.Error("external: pod external IP grants unreadable; mapping none", "err", err)
+		return nil
+	}
+	return gs
+}
+
+// grantsConfigMap is the grants ConfigMap as a node agent sees it now
+// (nil when there is none).
+func (h *Hook) grantsConfigMap() *corev1.ConfigMap {
 	obj, ok, _ := h.grants.GetStore().GetByKey(h.conf().LeaseNamespace + "/" + GrantsConfigMapName)
 	if !ok {
 		return nil
 	}
-	gs, err := decodeGrants(obj.(*corev1.ConfigMap))
-	if err != nil {
-		h.log.Error("external: pod external IP grants unreadable; mapping none", "err", err)
+	return obj.(*corev1.ConfigMap)
+}
+
+// externalGrants are the spec.externalIPs grants the registry follows: on
+// a node agent the ConfigMap it watches, in the controller what it last
+// wrote or read there (granted; called with regMu held). Elsewhere none.
+func (h *Hook) externalGrants() map[netip.Addr]string {
+	var cm *corev1.ConfigMap
+	switch {
+	case h.role == roleController:
+		cm = h.granted
+	case h.grants != nil:
+		cm = h.grantsConfigMap()
+	default:
 		return nil
+	}
+	gs, err := decodeExternalGrants(cm)
+	if err != nil {
+		h.log.Error("external: external IP grants unreadable; the oldest claim holds each address", "err", err)
 	}
 	return gs
 }
@@ -177,8 +260,10 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 		return nil
 	}
 	var pods []*corev1.Pod
-	for _, o := range h.pods.GetStore().List() {
-		pods = append(pods, o.(*corev1.Pod))
+	if h.pods != nil {
+		for _, o := range h.pods.GetStore().List() {
+			pods = append(pods, o.(*corev1.Pod))
+		}
 	}
 	h.regMu.Lock()
 	own, prev := h.own, h.granted
@@ -186,8 +271,8 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 	if own == nil {
 		return nil
 	}
-	data := encodeGrants(grantsOf(own, pods))
-	if prev != nil && prev.Data[grantsKey] == data {
+	data, external := encodeGrants(grantsOf(own, pods)), externalGrantsOf(own)
+	if prev != nil && prev.Data[grantsKey] == data && prev.Data[externalKey] == external {
 		return nil
 	}
 	cms := h.client.CoreV1().ConfigMaps(h.conf().LeaseNamespace)
@@ -196,7 +281,7 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 	if prev == nil {
 		cm, err = cms.Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: GrantsConfigMapName, Namespace: h.conf().LeaseNamespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
-			Data:       map[string]string{grantsKey: data},
+			Data:       map[string]string{grantsKey: data, externalKey: external},
 		}, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			cm, err = cms.Get(ctx, GrantsConfigMapName, metav1.GetOptions{})
@@ -210,7 +295,7 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 		if next.Data == nil {
 			next.Data = map[string]string{}
 		}
-		next.Data[grantsKey] = data
+		next.Data[grantsKey], next.Data[externalKey] = data, external
 		cm, err = cms.Update(ctx, next, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			h.setGranted(nil)
@@ -220,7 +305,7 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("writing the pod external IP grants: %w", err)
+		return fmt.Errorf("writing the external IP grants: %w", err)
 	}
 	h.setGranted(cm)
 	return nil

@@ -127,19 +127,25 @@ type registryInput struct {
 	// settled: the pods hold what the controller granted them
 	// (settledPods), so a Pod's claim wins over spec.externalIPs.
 	settled bool
+	// external are the controller's grants of spec.externalIPs addresses
+	// (address -> namespace): that namespace's Services hold the address
+	// while they list it.
+	external map[netip.Addr]string
 }
 
 // registry decides who holds each external address: one holder per address
 // (a node, a cluster IP, the Services sharing a load-balancer IP, the
 // Services of one namespace listing it in spec.externalIPs, or one Pod). A
 // claim on a held address is refused and the holder keeps it. Kinds rank
-// as holderKind says; between claims of one kind (and between external IPs
-// and Pods) the one that held the address last time keeps it, and on a
-// fresh start the oldest object wins. Every agent computes the same answer
-// from the same cluster state, short of that history.
+// as holderKind says. Between spec.externalIPs claims (and between them
+// and Pods) the namespace the controller granted the address keeps it
+// (registryInput.external); without a grant the oldest object wins. That
+// is API state alone, so every agent, restarted or not, gives an address
+// to the same Services. Between Pods, the one that held the address last
+// time keeps it (last; the controller records it as a grant).
 type registry struct {
 	cfg *parsed
-	// last holds the externalIP and Pod holders of the previous answer.
+	// last holds the Pod holders of the previous answer.
 	last map[netip.Addr]*holding
 }
 
@@ -297,8 +303,15 @@ func (r *registry) resolve(in registryInput) *ownership {
 	last := map[netip.Addr]*holding{}
 	for ip, cs := range claims {
 		prev := r.last[ip]
+		granted, isGranted := in.external[ip]
+		incumbent := func(c claim) bool {
+			if c.kind == heldByExternalIP {
+				return isGranted && c.key.Namespace == granted
+			}
+			return prev.holds(c)
+		}
 		slices.SortFunc(cs, func(x, y claim) int {
-			if px, py := prev.holds(x), prev.holds(y); px != py {
+			if px, py := incumbent(x), incumbent(y); px != py {
 				if px {
 					return -1
 				}
@@ -343,8 +356,8 @@ func (r *registry) resolve(in registryInput) *ownership {
 		}
 		slices.SortFunc(h.services, compareKey)
 		o.held[ip] = h
-		last[ip] = h
 		if win.kind == heldByPod {
+			last[ip] = h
 			if pe, ok := mapPod(win.pod, ip); ok {
 				o.pods = append(o.pods, pe)
 			}

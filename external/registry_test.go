@@ -218,25 +218,44 @@ func TestExternalIPOwnership(t *testing.T) {
 		t.Errorf("refused external IPs %v, want %v", got, wantRefused)
 	}
 
-	// An older Service of team-b now lists E too: team-a keeps E.
+	// An older Service of team-b now lists E too. The controller recorded
+	// E as team-a's (externalGrantsOf, what it writes): team-a keeps E on
+	// every agent, one that has run all along and one that just started.
 	old := w.service("team-b", "old", externalIPs(ipE.String()))
 	old.CreationTimestamp = metav1.NewTime(first.CreationTimestamp.Add(-time.Hour))
-	own = w.resolve()
-	if h := own.held[ipE]; h.namespace != "team-a" {
-		t.Errorf("an older Service edited to list E took it from its holder: %+v", h)
+	granted, err := decodeExternalGrants(&corev1.ConfigMap{Data: map[string]string{externalKey: externalGrantsOf(own)}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if r := refusalsOf(own)["team-b/old"]; !slices.Equal(r, []string{ReasonExternalIPConflict}) {
-		t.Errorf("team-b/old refusals %v", r)
+	if want := map[netip.Addr]string{ipE: "team-a"}; !maps.Equal(granted, want) {
+		t.Fatalf("grants %v, want %v", granted, want)
 	}
-	// A fresh registry (an agent restarting) knows no history: the oldest
-	// claimant wins.
-	if h := newRegistry(w.cfg).resolve(registryInput{services: w.svcs, nodes: w.nodes}).held[ipE]; h.namespace != "team-b" {
-		t.Errorf("fresh registry: E held by %+v, want the oldest claimant's namespace", h)
+	for i, r := range []*registry{w.reg, newRegistry(w.cfg)} {
+		own = r.resolve(registryInput{services: w.svcs, nodes: w.nodes, external: granted})
+		if h := own.held[ipE]; h.namespace != "team-a" {
+			t.Errorf("agent %d: an older Service edited to list E took it from its holder: %+v", i, h)
+		}
+		if r := refusalsOf(own)["team-b/old"]; !slices.Equal(r, []string{ReasonExternalIPConflict}) {
+			t.Errorf("agent %d: team-b/old refusals %v", i, r)
+		}
 	}
-	// The holders let go: the next claimant gets E.
+	// Without a grant (no controller, or before it recorded the address)
+	// the oldest claimant wins, on every agent alike: what an agent saw
+	// before does not count.
+	for i, r := range []*registry{w.reg, newRegistry(w.cfg)} {
+		if h := r.resolve(registryInput{services: w.svcs, nodes: w.nodes}).held[ipE]; h.namespace != "team-b" {
+			t.Errorf("agent %d without grants: E held by %+v, want the oldest claimant's namespace", i, h)
+		}
+	}
+	// The holders let go: the next claimant gets E, though the grant still
+	// names team-a.
 	w.svcs = slices.DeleteFunc(w.svcs, func(s *corev1.Service) bool { return s.Namespace == "team-a" })
-	if h := w.resolve().held[ipE]; h == nil || h.namespace != "team-b" || len(h.services) != 2 {
+	if h := w.reg.resolve(registryInput{services: w.svcs, nodes: w.nodes, external: granted}).held[ipE]; h == nil || h.namespace != "team-b" || len(h.services) != 2 {
 		t.Errorf("after team-a let go: E held by %+v, want team-b's Services", h)
+	}
+	// A grant that does not parse grants nothing.
+	if _, err := decodeExternalGrants(&corev1.ConfigMap{Data: map[string]string{externalKey: "{"}}); err == nil {
+		t.Error("an unreadable grant was read")
 	}
 }
 

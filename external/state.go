@@ -22,11 +22,12 @@ func (h *Hook) resolve() (*ownership, registryInput) {
 			in.pods = append(in.pods, o.(*corev1.Pod))
 		}
 	}
-	if h.grants != nil {
+	if h.grants != nil && h.pods != nil {
 		in.pods, in.settled = settledPods(in.pods, h.currentGrants()), true
 	}
 	synced := h.Synced()
 	h.regMu.Lock()
+	in.external = h.externalGrants()
 	own := h.registry.resolve(in)
 	h.own = own
 	h.noteRefused(own, synced)

@@ -252,6 +252,8 @@ func tenantEndpoints(t *testing.T, c kubernetes.Interface, ns, svc string, eps m
 
 // followModel runs portal's model of this node and tells h what the
 // dataplane would hold after each change, as cmd/agent does after each sync.
+// As there, the model leaves out the spec.externalIPs h's registry gives to
+// someone else, and nothing is applied before the registry has answered.
 func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg external.Config, node string, watch *portal.ServiceWatch) error {
 	pcfg := portal.Config{NodeName: node}
 	for _, s := range cfg.ExternalIPCIDRs {
@@ -275,6 +277,10 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 	apply := nodeDataplane()
 	go func() {
 		for {
+			refused, answered := h.RefusedExternalIPs()
+			if answered {
+				tr.SetRefusedExternalIPs(refused)
+			}
 			var mine []portal.PodExternalIP
 			for _, p := range h.PodExternalIPs() {
 				if p.NodeName == node {
@@ -282,7 +288,7 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 				}
 			}
 			tr.SetPodExternalIPs(mine)
-			if snap, _ := tr.Snapshot(); apply(ctx, snap) {
+			if snap, _ := tr.Snapshot(); answered && apply(ctx, snap) {
 				h.Programmed(snap)
 				var ips []netip.Addr
 				for _, p := range snap.Node.PodExternalIPs {
@@ -295,6 +301,7 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 				return
 			case <-changed:
 			case <-h.PodsChanged():
+			case <-h.RefusedExternalIPsChanged():
 			}
 		}
 	}()
