@@ -93,8 +93,16 @@ type Hook struct {
 	// campaigns under.
 	broadcast record.EventBroadcaster
 	rec       record.EventRecorder
-	notifier  *webhook.Notifier
-	identity  string
+	// leaderBroadcast writes the cluster-wide part's events (leaderRec)
+	// within its leadership terms only (leaderEventSink); nil in a node
+	// agent of a split install, whose leaderRec is rec.
+	leaderBroadcast record.EventBroadcaster
+	leaderRec       record.EventRecorder
+	notifier        *webhook.Notifier
+	// webhookErr is the webhook sender's last failed start (nil once
+	// started); such a process does not lead.
+	webhookErr error
+	identity   string
 	// watchdog is client-go's leader-election health check (Healthy).
 	watchdog *leaderelection.HealthzAdaptor
 
@@ -124,6 +132,16 @@ type Hook struct {
 	// leadCtx is the leadership term's context, nil when not leading:
 	// a webhook sender that starts late leads in it (startWebhook).
 	leadCtx context.Context
+	// term is the running leadership term's context from its first
+	// moment (termCtx); nil between terms.
+	term context.Context
+	// fence ends each term at its renew deadline (leaseFence).
+	fence leaseFence
+	// stopCampaign ends the running campaign (a held Lease is released),
+	// and leadErr is why this candidate gave its Lease up, until it
+	// campaigns again (Healthy).
+	stopCampaign context.CancelCauseFunc
+	leadErr      error
 	// reported are the refusals already given an event in this leadership
 	// term.
 	reported map[string]bool
@@ -162,11 +180,29 @@ func New(cfg Config, client kubernetes.Interface, nodeName string, log *slog.Log
 }
 
 // Healthy is nil unless this candidate holds the allocator Lease and has
-// not renewed it for a lease duration past its expiry: a leader stuck in a
-// way only a restart cures. It is client-go's leader-election watchdog, as
-// kube-controller-manager's /healthz uses it; an unreachable API server
-// alone does not fail it (the leader steps down instead).
-func (h *Hook) Healthy() error { return h.watchdog.Check(nil) }
+// not renewed it for a lease duration past its expiry (client-go's
+// leader-election watchdog, as kube-controller-manager's /healthz uses it;
+// an unreachable API server alone does not fail it: the leader steps
+// down instead), or it cannot lead: it gave its Lease up for a leader's
+// duty it cannot do, or its webhook sender does not start.
+func (h *Hook) Healthy() error {
+	if err := h.watchdog.Check(nil); err != nil {
+		return err
+	}
+	if !h.role.controller() || !h.needsLeader() {
+		return nil
+	}
+	h.mu.Lock()
+	err := h.leadErr
+	h.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := h.leadBlocker(); err != nil && !errors.Is(err, errNotStarted) {
+		return err
+	}
+	return nil
+}
 
 // NewController builds the cluster-wide part of the hook alone, for
 // `agent controller`: identity names this candidate in the allocator Lease
@@ -229,9 +265,16 @@ func newHook(cfg Config, client kubernetes.Interface, r role, nodeName, identity
 				})
 			}
 		}
+	} else if p.settles() && r == roleNode {
+		h.watchGrants() // spec.externalIPs' holders
 	}
 	h.broadcast = record.NewBroadcaster()
 	h.rec = h.broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: identity})
+	h.leaderRec = h.rec
+	if r.controller() {
+		h.leaderBroadcast = record.NewBroadcaster()
+		h.leaderRec = h.leaderBroadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onehop", Host: identity})
+	}
 	h.phealth.node, h.phealth.log, h.phealth.rec = nodeName, log, h.rec
 	return h, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -53,17 +54,18 @@ func tookOver(s *State, before func(netip.Addr) string, had map[netip.Addr]bool,
 // which this node answers for now in place of node from.
 func (h *Hook) l2TookOver(ip netip.Addr, from string, svcs []portal.ServiceKey) {
 	h.log.Info("l2: took over an IP", "ip", ip, "from", from)
-	h.moved(svcs, corev1.EventTypeNormal, "%s moved to node %s (l2: it answers ARP/NDP for it now), from node %s", ip, h.node, from)
+	h.moved(h.rec, svcs, corev1.EventTypeNormal, "%s moved to node %s (l2: it answers ARP/NDP for it now), from node %s", ip, h.node, from)
 }
 
-// moved puts an IPMoved event on each of svcs.
-func (h *Hook) moved(svcs []portal.ServiceKey, typ, msg string, args ...any) {
+// moved puts an IPMoved event on each of svcs, recorded by rec (the
+// node's, or the leader's).
+func (h *Hook) moved(rec record.EventRecorder, svcs []portal.ServiceKey, typ, msg string, args ...any) {
 	for _, k := range svcs {
 		obj, ok, _ := h.services.GetStore().GetByKey(k.Namespace + "/" + k.Name)
 		if !ok {
 			continue
 		}
-		h.rec.Eventf(obj.(*corev1.Service), typ, reasonIPMoved, msg, args...)
+		rec.Eventf(obj.(*corev1.Service), typ, reasonIPMoved, msg, args...)
 	}
 }
 
@@ -149,10 +151,10 @@ func (h *Hook) noteNextHops(s *State, leader bool) {
 	h.moves.hops = now
 	for ip, c := range changed {
 		if now[ip] == "" {
-			h.moved(c.svcs, corev1.EventTypeWarning, "%s: no node announces it over BGP now (none has a ready local endpoint it may announce it for), it was %s", ip, c.was)
+			h.moved(h.leaderRec, c.svcs, corev1.EventTypeWarning, "%s: no node announces it over BGP now (none has a ready local endpoint it may announce it for), it was %s", ip, c.was)
 			continue
 		}
-		h.moved(c.svcs, corev1.EventTypeNormal, "%s: BGP next hops now %s, were %s", ip, now[ip], nodeList(c.was))
+		h.moved(h.leaderRec, c.svcs, corev1.EventTypeNormal, "%s: BGP next hops now %s, were %s", ip, now[ip], nodeList(c.was))
 	}
 }
 

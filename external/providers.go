@@ -370,6 +370,9 @@ func earliest(a, b time.Time) time.Time {
 
 func (h *Hook) startWebhook(ctx context.Context) (Provider, error) {
 	n, err := webhook.New(*h.conf().Webhook, h.log.With("provider", "webhook"), h.webhookFailed, h.webhookDelivered)
+	h.mu.Lock()
+	h.webhookErr = err // a process without its sender does not lead (leadBlocker)
+	h.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -395,9 +398,13 @@ func (h *Hook) startWebhook(ctx context.Context) (Provider, error) {
 	h.mu.Unlock()
 	if lctx != nil {
 		go func() {
-			if h.leadWebhook(lctx, n) {
-				p.resend()
+			if err := h.leadWebhook(lctx, n); err != nil {
+				if lctx.Err() == nil {
+					h.endCampaign(cannotLead{err})
+				}
+				return
 			}
+			p.resend()
 		}()
 	}
 	return p, nil
@@ -493,5 +500,5 @@ func (h *Hook) webhookFailed(service string, err error, attempt int) {
 	if !ok {
 		return
 	}
-	h.rec.Eventf(obj.(*corev1.Service), corev1.EventTypeWarning, "WebhookFailed", "attempt %d: %v", attempt, err)
+	h.leaderRec.Eventf(obj.(*corev1.Service), corev1.EventTypeWarning, "WebhookFailed", "attempt %d: %v", attempt, err)
 }

@@ -27,6 +27,10 @@ func (h *Hook) Run(ctx context.Context) error {
 		h.broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: h.client.CoreV1().Events("")})
 		defer h.broadcast.Shutdown()
 	}
+	if h.leaderBroadcast != nil {
+		h.leaderBroadcast.StartRecordingToSink(leaderEventSink{events: h.client.CoreV1(), term: h.termCtx})
+		defer h.leaderBroadcast.Shutdown()
+	}
 	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods, h.grants} {
 		if inf != nil {
 			if _, err := inf.AddEventHandler(h.handler()); err != nil {
@@ -205,6 +209,9 @@ func (h *Hook) Run(ctx context.Context) error {
 		if err := startAll(); err != nil {
 			return err
 		}
+		if h.role.controller() {
+			h.checkLeading()
+		}
 		if h.standby() {
 			h.observePools(false)
 			h.noteNextHops(nil, false)
@@ -228,14 +235,17 @@ func (h *Hook) Run(ctx context.Context) error {
 		}
 		h.observePools(st.Leader)
 		h.noteNextHops(st, st.Leader)
-		if h.crd != nil && st.Leader {
-			again = earliest(again, h.writeStatus(ctx))
+		// The leader's writes go out in its term (termCtx): none once
+		// the term is over, not even one already under way.
+		tctx := h.termCtx()
+		if h.crd != nil && st.Leader && tctx != nil {
+			again = earliest(again, h.writeStatus(tctx))
 			if h.role == roleController {
-				again = earliest(again, h.publishPasswords(ctx))
+				again = earliest(again, h.publishPasswords(tctx))
 			}
 		}
-		if h.role == roleController && h.conf().settles() {
-			if err := h.publishGrants(ctx); err != nil {
+		if h.role == roleController && h.conf().settles() && tctx != nil {
+			if err := h.publishGrants(tctx); err != nil {
 				backoff = nextBackoff(backoff)
 				again = earliest(again, time.Now().Add(backoff))
 				h.log.Warn("pod external IP grants not written; trying again", "err", err, "in", backoff)
@@ -321,7 +331,7 @@ func (h *Hook) standby() bool {
 // needsLeader: something of the cluster-wide part is configured.
 func (h *Hook) needsLeader() bool {
 	c := h.conf()
-	return len(c.pools) > 0 || c.Webhook != nil || c.PodExternalIPs || c.CRDs
+	return len(c.pools) > 0 || c.Webhook != nil || c.PodExternalIPs || c.CRDs || c.settles()
 }
 
 // idle: nothing is configured for this role, so Run watches nothing. In a
@@ -334,7 +344,9 @@ func (h *Hook) idle() bool {
 	switch h.role {
 	case roleNode:
 		c := h.conf()
-		return c.BGP == nil && c.L2 == nil && !c.PodExternalIPs && !c.CRDs
+		// With the controller settling external IPs, the registry refuses
+		// this node's dataplane the claims it gives to someone else.
+		return c.BGP == nil && c.L2 == nil && !c.PodExternalIPs && !c.CRDs && !c.settles()
 	case roleController:
 		return !h.needsLeader()
 	}

@@ -83,16 +83,17 @@ func tryClaimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseIn
 }
 
 // leadWebhook claims a term and starts the webhook sender's part of it;
-// false when it could not (ctx ended, or the Lease moved on).
-func (h *Hook) leadWebhook(ctx context.Context, n *webhook.Notifier) bool {
+// an error when it could not (ctx ended, the Lease moved on, the term is
+// not above the sender's last): the caller gives up the Lease, so that a
+// replica that can send leads.
+func (h *Hook) leadWebhook(ctx context.Context, n *webhook.Notifier) error {
 	term, err := claimWebhookTerm(ctx, h.client.CoordinationV1().Leases(h.conf().LeaseNamespace), AllocatorLeaseName, h.identity, h.log)
 	if err == nil {
 		err = n.Lead(ctx, term)
 	}
 	if err != nil {
-		h.log.Error("external: webhook sender not started in this term", "err", err)
-		return false
+		return fmt.Errorf("webhook sender not started in this term: %w", err)
 	}
 	h.log.Info("external: webhook term", "term", term)
-	return true
+	return nil
 }

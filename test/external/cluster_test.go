@@ -418,6 +418,12 @@ func (s *split) nodeKubeconfig(node string) string {
 // controller's pod name on node, until the test ends (or the returned stop).
 // A 403 answer to any of its requests fails the test.
 func (s *split) runController(cfg external.Config, name, node string) (stop func()) {
+	s.t.Helper()
+	return runUntilEnd(s.t, "controller "+name, s.newController(cfg, name, node))
+}
+
+// newController builds `agent controller`'s hook as runController runs it.
+func (s *split) newController(cfg external.Config, name, node string) *external.Hook {
 	t := s.t
 	t.Helper()
 	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.ControllerServiceAccount, name, node)
@@ -438,7 +444,7 @@ func (s *split) runController(cfg external.Config, name, node string) (stop func
 	if err != nil {
 		t.Fatal(err)
 	}
-	return runUntilEnd(t, "controller "+name, h)
+	return h
 }
 
 // failOnForbidden makes rc's client note every request answered 403, and

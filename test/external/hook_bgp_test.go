@@ -39,24 +39,9 @@ import (
 // OHX_METRICS set it serves the hook's metrics on that Unix socket.
 func hookMain(cfgJSON, kubeconfig, node string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	var cfg external.Config
-	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
-		log.Error("config", "err", err)
-		return 2
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, c, dyn, err := processSetup(cfgJSON, kubeconfig, "")
 	if err != nil {
-		log.Error("kubeconfig", "err", err)
-		return 2
-	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		log.Error("client", "err", err)
-		return 2
-	}
-	dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources, with crds
-	if err != nil {
-		log.Error("dynamic client", "err", err)
+		log.Error("setup", "err", err)
 		return 2
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -98,6 +83,29 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 	}
 	log.Info("hook stopped")
 	return 0
+}
+
+// processSetup is what a process a test starts (hookMain, controllerMain)
+// runs on: its configuration (JSON) and its clients from kubeconfig, with
+// userAgent as their user agent unless empty (the default client-go's).
+func processSetup(cfgJSON, kubeconfig, userAgent string) (external.Config, kubernetes.Interface, dynamic.Interface, error) {
+	var cfg external.Config
+	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
+		return cfg, nil, nil, fmt.Errorf("config: %w", err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return cfg, nil, nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	if userAgent != "" {
+		rc.UserAgent = userAgent
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources, with crds
+	return cfg, c, dyn, err
 }
 
 // TestBGPHookLocalPolicy: the control plane sits on the nodes' segment;
