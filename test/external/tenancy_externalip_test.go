@@ -38,6 +38,13 @@ func TestTenantExternalIPHolderSurvivesRestart(t *testing.T) {
 	})
 }
 
+// TestTenantExternalIPHolderWithoutProviders: the same with externalIPCIDRs
+// alone in the hook's section, nothing to announce: the node agents still
+// follow the controller on who holds each address.
+func TestTenantExternalIPHolderWithoutProviders(t *testing.T) {
+	externalIPHolderAcrossRestart(t, external.Config{ExternalIPCIDRs: []string{"203.0.113.0/24"}})
+}
+
 func externalIPHolderAcrossRestart(t *testing.T, base external.Config) {
 	lab := newBGPLab(t)
 	cp, c := lab.twoNodeCluster("router")
