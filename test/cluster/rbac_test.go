@@ -25,7 +25,10 @@ const leaseNS = "onehop-leases"
 // Forbidden on node2's Lease, on the controller's leader Lease, on
 // kube-system's kube-controller-manager Lease and on Service status. The
 // controller's identity may write Service status and its own Lease, and no
-// other Lease.
+// other Lease; it may not change a Service's spec, delete a Service or an
+// EndpointSlice, create a Pod, label a Node or read Secrets outside the
+// lease namespace. Nor may a node agent list the lease namespace's Secrets
+// or read the heartbeat key through the API.
 func TestNodeAgentOwnsOnlyItsLease(t *testing.T) {
 	cp, _ := cluster.StartTest(t, "rbac", "192.0.2.4")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -145,6 +148,33 @@ func TestNodeAgentOwnsOnlyItsLease(t *testing.T) {
 	forbidden("controller patching node2's Lease", err)
 	_, err = ctl.CoordinationV1().Leases("kube-system").Patch(ctx, "kube-controller-manager", types.MergePatchType, patch, metav1.PatchOptions{})
 	forbidden("controller patching kube-controller-manager's Lease", err)
+
+	// Nor anything else a tenant or the cluster owns: a Service's spec,
+	// a Service, a Pod, a Node, Secrets outside the lease namespace, an
+	// EndpointSlice.
+	spec := svc.DeepCopy()
+	spec.Spec.ExternalIPs = []string{"192.0.2.98"}
+	_, err = ctl.CoreV1().Services("default").Update(ctx, spec, metav1.UpdateOptions{})
+	forbidden("controller changing a Service's spec", err)
+	forbidden("controller deleting a Service", ctl.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}))
+	_, err = ctl.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
+	forbidden("controller creating a Pod", err)
+	_, err = ctl.CoreV1().Nodes().Patch(ctx, "node1", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+	forbidden("controller labelling a Node", err)
+	for _, ns := range []string{"default", "kube-system"} {
+		_, err = ctl.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+		forbidden("controller listing the Secrets of "+ns, err)
+		_, err = ctl.CoreV1().Secrets(ns).Get(ctx, "any", metav1.GetOptions{})
+		forbidden("controller reading a Secret of "+ns, err)
+	}
+	forbidden("controller deleting EndpointSlices", ctl.DiscoveryV1().EndpointSlices("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
+	// And a node agent no Secret but the published BGP passwords (the
+	// cloud hook's tests read them end to end).
+	_, err = node.CoreV1().Secrets(leaseNS).List(ctx, metav1.ListOptions{})
+	forbidden("node1 listing the lease namespace's Secrets", err)
+	_, err = node.CoreV1().Secrets(leaseNS).Get(ctx, "onehop-l2-heartbeat", metav1.GetOptions{})
+	forbidden("node1 reading the heartbeat key through the API", err)
 }
 
 func lease(ns, name string) *coordinationv1.Lease {
