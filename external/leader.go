@@ -356,6 +356,12 @@ func (h *Hook) report(refusals []refusal) {
 	defer h.mu.Unlock()
 	now := map[string]bool{}
 	for _, r := range refusals {
+		if _, svc := r.obj.(*corev1.Service); svc && r.reason == ReasonExternalIPNotAllowed {
+			// The model tells it (portal's ExternalIPNotAllowed problem),
+			// wherever it runs: the controller's problems and each
+			// node's. Told here too, it would be told twice.
+			continue
+		}
 		k := string(r.obj.GetUID()) + "/" + r.reason + "/" + r.ip
 		now[k] = true
 		if h.reported[k] {
