@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -97,6 +100,9 @@ func newTwin(ctx context.Context, name, id, dir, binDir string, p proxy, log *sl
 	if err := p.prepare(ctx, tw); err != nil {
 		return tw, fmt.Errorf("%s: %w", name, err)
 	}
+	if err := tw.awaitServiceCIDRs(ctx); err != nil {
+		return tw, fmt.Errorf("%s: %w", name, err)
+	}
 	for _, n := range tw.Nodes {
 		log := filepath.Join(dir, fmt.Sprintf("%s-%s.log", name, n.Name))
 		if n.Proxy, err = nsutil.Start(n.Netns, name+" "+n.Name, log, nil, p.argv(tw, n)...); err != nil {
@@ -110,6 +116,35 @@ func newTwin(ctx context.Context, name, id, dir, binDir string, p proxy, log *sl
 	}
 	tw.log.Info("twin up", "took", time.Since(began).Round(time.Millisecond))
 	return tw, nil
+}
+
+// awaitServiceCIDRs returns once the API server's default ServiceCIDR
+// holds both service CIDRs and is Ready, as in a cluster long before its
+// proxies start: kube-proxy reads the service CIDRs from it (to drop
+// traffic to unallocated cluster IPs), and one started before it existed
+// was seen, on a loaded machine, never to drop it on one node of a twin.
+func (tw *Twin) awaitServiceCIDRs(ctx context.Context) error {
+	want := []string{serviceCIDR.String(), serviceCIDR6.String()}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		list, err := tw.Client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			for _, sc := range list.Items {
+				ready := slices.ContainsFunc(sc.Status.Conditions, func(c metav1.Condition) bool {
+					return c.Type == networkingv1.ServiceCIDRConditionReady && c.Status == metav1.ConditionTrue
+				})
+				if ready && slices.Equal(sc.Spec.CIDRs, want) {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the API server's ServiceCIDR for %v is not Ready: %v", want, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (tw *Twin) addNamespace(ctx context.Context, name string) error {
