@@ -161,8 +161,8 @@ func (p *Peers) Left(node string) bool {
 
 // State is node's heartbeat liveness at now: known once a datagram of it
 // was taken; then alive while the last one is less than timeout old (and
-// it did not say it leaves), or while it is held (the type's comment). last is when that one came (when it said
-// it leaves, if it did).
+// it did not say it leaves), or while it is held (the type's comment).
+// last is when that one came (when it said it leaves, if it did).
 func (p *Peers) State(node string, now time.Time) (alive, known bool, last time.Time) {
 	pr := p.peers[node]
 	if pr == nil || !pr.heard {
