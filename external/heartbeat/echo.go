@@ -18,26 +18,27 @@ import (
 // too) is open only while some peer is held, since it sees every ICMP
 // message the node receives.
 type echoer struct {
-	conn  *icmp.PacketConn
-	v6    bool
-	id    int
-	seq   int
-	reply func(from netip.Addr, at time.Time)
-	done  chan struct{}
+	conn *icmp.PacketConn
+	// request is the echo request's type, of the socket's family.
+	request icmp.Type
+	id      int
+	seq     int
+	reply   func(from netip.Addr, at time.Time)
+	done    chan struct{}
 }
 
 // openEcho opens an echoer on bind's family, from bind; reply is called
 // (from its goroutine) with the source of each echo reply of its own.
 func openEcho(bind netip.Addr, reply func(netip.Addr, time.Time)) (*echoer, error) {
-	network := "ip4:icmp"
+	network, request := "ip4:icmp", icmp.Type(ipv4.ICMPTypeEcho)
 	if !bind.Unmap().Is4() {
-		network = "ip6:ipv6-icmp"
+		network, request = "ip6:ipv6-icmp", ipv6.ICMPTypeEchoRequest
 	}
 	conn, err := icmp.ListenPacket(network, bind.Unmap().String())
 	if err != nil {
 		return nil, err
 	}
-	e := &echoer{conn: conn, v6: !bind.Unmap().Is4(), id: rand.IntN(1 << 16), reply: reply, done: make(chan struct{})}
+	e := &echoer{conn: conn, request: request, id: rand.IntN(1 << 16), reply: reply, done: make(chan struct{})}
 	go e.receive()
 	return e, nil
 }
@@ -45,11 +46,7 @@ func openEcho(bind netip.Addr, reply func(netip.Addr, time.Time)) (*echoer, erro
 // send sends one echo request to each address.
 func (e *echoer) send(to []netip.Addr) {
 	e.seq = (e.seq + 1) & 0xffff
-	var typ icmp.Type = ipv4.ICMPTypeEcho
-	if e.v6 {
-		typ = ipv6.ICMPTypeEchoRequest
-	}
-	b, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: e.id, Seq: e.seq, Data: []byte("onehop-l2")}}).Marshal(nil)
+	b, err := (&icmp.Message{Type: e.request, Body: &icmp.Echo{ID: e.id, Seq: e.seq, Data: []byte("onehop-l2")}}).Marshal(nil)
 	if err != nil {
 		return
 	}
@@ -60,10 +57,7 @@ func (e *echoer) send(to []netip.Addr) {
 
 func (e *echoer) receive() {
 	defer close(e.done)
-	proto := 1 // ICMP
-	if e.v6 {
-		proto = 58 // ICMPv6
-	}
+	proto := e.request.Protocol()
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := e.conn.ReadFrom(buf)
