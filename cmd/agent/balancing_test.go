@@ -31,8 +31,8 @@ func TestBalancingFlagAndFile(t *testing.T) {
 			t.Errorf("%s: err %v, want one about balancing", tc.name, err)
 		case tc.want != "" && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && f.balancing != tc.want:
-			t.Errorf("%s: balancing %q, want %q", tc.name, f.balancing, tc.want)
+		case tc.want != "" && f.Balancing != tc.want:
+			t.Errorf("%s: balancing %q, want %q", tc.name, f.Balancing, tc.want)
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/config"
 )
 
 // conntrackModuleSysctl exists under /proc/sys in every network namespace
@@ -35,8 +37,8 @@ func conntrackSetupCmd(ctx context.Context, args []string, stderr io.Writer) err
 // an explicit setting that cannot be written is an error). The sysctls
 // exist only once nf_conntrack is loaded, which the agent's first sync
 // would do, later: load has the kernel load it first when they are missing.
-func conntrackSetup(ctx context.Context, log *slog.Logger, procSys string, f *runFlags, cpus int, load func() error) error {
-	if len(f.conntrack.sysctls(cpus)) == 0 {
+func conntrackSetup(ctx context.Context, log *slog.Logger, procSys string, f *config.Settings, cpus int, load func() error) error {
+	if len(conntrackSysctls(f.Conntrack, cpus)) == 0 {
 		log.InfoContext(ctx, "every conntrack setting is 0: the kernel's values stay")
 		return nil
 	}
@@ -46,12 +48,12 @@ func conntrackSetup(ctx context.Context, log *slog.Logger, procSys string, f *ru
 			return fmt.Errorf("nf_conntrack is not loaded, and a conntrack netlink request did not load it: %w", err)
 		}
 	}
-	if err := applyConntrack(ctx, log, procSys, f.conntrack, f.explicit, cpus); err != nil {
+	if err := applyConntrack(ctx, log, procSys, f.Conntrack, f.Explicit, cpus); err != nil {
 		return err
 	}
-	log.InfoContext(ctx, "conntrack settings in place", "maxPerCore", f.conntrack.MaxPerCore, "min", f.conntrack.Min,
-		"tcpEstablishedTimeout", f.conntrack.TCPEstablishedTimeout, "tcpCloseWaitTimeout", f.conntrack.TCPCloseWaitTimeout,
-		"tcpBeLiberal", f.conntrack.TCPBeLiberal, "udpTimeout", f.conntrack.UDPTimeout, "udpStreamTimeout", f.conntrack.UDPStreamTimeout)
+	log.InfoContext(ctx, "conntrack settings in place", "maxPerCore", f.Conntrack.MaxPerCore, "min", f.Conntrack.Min,
+		"tcpEstablishedTimeout", f.Conntrack.TCPEstablishedTimeout, "tcpCloseWaitTimeout", f.Conntrack.TCPCloseWaitTimeout,
+		"tcpBeLiberal", f.Conntrack.TCPBeLiberal, "udpTimeout", f.Conntrack.UDPTimeout, "udpStreamTimeout", f.Conntrack.UDPStreamTimeout)
 	return nil
 }
 

@@ -9,6 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/onehop/onehop/config"
 )
 
 // fakeProcSys is a directory laid out as /proc/sys with the conntrack
@@ -51,7 +57,7 @@ func readSysctl(t *testing.T, root, name string) int {
 	return n
 }
 
-func setupFlags(t *testing.T, conf string, args ...string) *runFlags {
+func setupFlags(t *testing.T, conf string, args ...string) *config.Settings {
 	t.Helper()
 	f, _, err := parseRunFlagsAs("agent conntrack-setup", append([]string{"--config", writeConfig(t, conf)}, args...), io.Discard)
 	if err != nil {
@@ -118,5 +124,53 @@ func TestConntrackSetupAllZeroDoesNothing(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The agent's container has a read-only /proc/sys: the conntrack sysctls
+// of its --config are set by a privileged init container that reads the
+// same file, and the agent stays unprivileged.
+func TestDaemonSetSetsConntrackBeforeTheAgent(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/base/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(raw, &ds); err != nil {
+		t.Fatal(err)
+	}
+	spec := ds.Spec.Template.Spec
+	if len(spec.Containers) != 1 || len(spec.InitContainers) != 1 {
+		t.Fatalf("%d containers and %d init containers, want one of each", len(spec.Containers), len(spec.InitContainers))
+	}
+	agent, setup := spec.Containers[0], spec.InitContainers[0]
+	if sc := agent.SecurityContext; sc == nil || sc.Privileged == nil || *sc.Privileged {
+		t.Errorf("the agent's securityContext %+v, want privileged: false", sc)
+	}
+	if sc := setup.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("%s's securityContext %+v, want privileged: it writes /proc/sys", setup.Name, sc)
+	}
+	config := func(c corev1.Container) (string, string) {
+		for _, a := range c.Args {
+			if v, ok := strings.CutPrefix(a, "--config="); ok {
+				for _, m := range c.VolumeMounts {
+					if strings.HasPrefix(v, m.MountPath+"/") {
+						return v, m.Name
+					}
+				}
+				return v, ""
+			}
+		}
+		return "", ""
+	}
+	agentConf, agentVol := config(agent)
+	setupConf, setupVol := config(setup)
+	if len(setup.Args) == 0 || setup.Args[0] != "conntrack-setup" || setup.Image != agent.Image ||
+		setupConf != agentConf || setupVol != agentVol || agentVol == "" {
+		t.Errorf("init container %s runs %s %q (config %s from volume %q), want the agent's image %s running conntrack-setup "+
+			"with its --config %s from volume %q", setup.Name, setup.Image, setup.Args, setupConf, setupVol, agent.Image, agentConf, agentVol)
+	}
+	if setup.Resources.Limits.Memory().IsZero() {
+		t.Errorf("%s has no memory limit", setup.Name)
 	}
 }

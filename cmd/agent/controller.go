@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/onehop/onehop/config"
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/portal"
@@ -74,10 +75,10 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if err := checkClientRate("--kube-api-qps", "--kube-api-burst", f.qps, f.burst); err != nil {
+	if err := config.CheckClientRate("--kube-api-qps", "--kube-api-burst", f.qps, f.burst); err != nil {
 		return err
 	}
-	if err := checkLogFormat("--log-format", f.logFormat); err != nil {
+	if err := config.CheckLogFormat("--log-format", f.logFormat); err != nil {
 		return err
 	}
 	log := newLogger(stderr, f.verbosity, f.logFormat)
@@ -87,7 +88,7 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	var limits portal.Limits
 	proxyName := ""
 	if f.config != "" {
-		fc, _, err := loadConfigFile(f.config)
+		fc, _, err := config.LoadFile(f.config)
 		if err != nil {
 			return err
 		}
@@ -104,7 +105,7 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	if set["external-ip-cidrs"] {
-		ps, err := parsePrefixes("external-ip-cidrs", f.externalIPCIDRs)
+		ps, err := config.ParsePrefixes("external-ip-cidrs", f.externalIPCIDRs)
 		if err != nil {
 			return err
 		}

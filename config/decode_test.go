@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"net/netip"
@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -49,19 +48,19 @@ func configMapFile(t *testing.T, path, key string) string {
 func TestConfigKubeadmConfigMap(t *testing.T) {
 	path := writeConfig(t, configMapFile(t, "testdata/kubeadm-configmap.yaml", "config.conf"))
 
-	fc, warnings, err := loadConfigFile(path)
+	fc, warnings, err := LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 0 {
 		t.Errorf("warnings for kubeadm's defaults: %q", warnings)
 	}
-	want := &fileConfig{
+	want := &File{
 		Path:               path,
 		HealthzBindAddress: ptrTo("0.0.0.0:10256"),
 		MetricsBindAddress: ptrTo("127.0.0.1:10249"),
 		ClusterCIDRs:       []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		Dataplane:          ptrTo(configDataplaneNFTables),
+		Dataplane:          ptrTo(DataplaneNFTables),
 		Kubeconfig:         ptrTo("/var/lib/kube-proxy/kubeconfig.conf"),
 		KubeProxyFound:     true,
 	}
@@ -72,94 +71,46 @@ func TestConfigKubeadmConfigMap(t *testing.T) {
 
 // The ConfigMap deploy/ ships loads without errors or warnings.
 func TestConfigDeployConfigMap(t *testing.T) {
-	fc, warnings, err := loadConfigFile(writeConfig(t, configMapFile(t, "../../deploy/base/configmap.yaml", "config.conf")))
+	fc, warnings, err := LoadFile(writeConfig(t, configMapFile(t, "../deploy/base/configmap.yaml", "config.conf")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 0 {
 		t.Errorf("warnings: %q", warnings)
 	}
-	if !fc.KubeProxyFound || !fc.OnehopFound || *fc.Dataplane != configDataplaneNFTables ||
+	if !fc.KubeProxyFound || !fc.OnehopFound || *fc.Dataplane != DataplaneNFTables ||
 		*fc.Kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || *fc.HealthzBindAddress != "0.0.0.0:10256" {
 		t.Errorf("loaded %+v", *fc)
 	}
-	if ct := fc.Conntrack.resolve(conntrackDefaults()); ct != conntrackDefaults() {
-		t.Errorf("deploy/'s conntrack settings %+v, want kube-proxy's %+v", ct, conntrackDefaults())
-	}
-}
-
-// The agent's container has a read-only /proc/sys: the conntrack sysctls
-// of its --config are set by a privileged init container that reads the
-// same file, and the agent stays unprivileged.
-func TestDaemonSetSetsConntrackBeforeTheAgent(t *testing.T) {
-	raw, err := os.ReadFile("../../deploy/base/daemonset.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ds appsv1.DaemonSet
-	if err := yaml.UnmarshalStrict(raw, &ds); err != nil {
-		t.Fatal(err)
-	}
-	spec := ds.Spec.Template.Spec
-	if len(spec.Containers) != 1 || len(spec.InitContainers) != 1 {
-		t.Fatalf("%d containers and %d init containers, want one of each", len(spec.Containers), len(spec.InitContainers))
-	}
-	agent, setup := spec.Containers[0], spec.InitContainers[0]
-	if sc := agent.SecurityContext; sc == nil || sc.Privileged == nil || *sc.Privileged {
-		t.Errorf("the agent's securityContext %+v, want privileged: false", sc)
-	}
-	if sc := setup.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-		t.Errorf("%s's securityContext %+v, want privileged: it writes /proc/sys", setup.Name, sc)
-	}
-	config := func(c corev1.Container) (string, string) {
-		for _, a := range c.Args {
-			if v, ok := strings.CutPrefix(a, "--config="); ok {
-				for _, m := range c.VolumeMounts {
-					if strings.HasPrefix(v, m.MountPath+"/") {
-						return v, m.Name
-					}
-				}
-				return v, ""
-			}
-		}
-		return "", ""
-	}
-	agentConf, agentVol := config(agent)
-	setupConf, setupVol := config(setup)
-	if len(setup.Args) == 0 || setup.Args[0] != "conntrack-setup" || setup.Image != agent.Image ||
-		setupConf != agentConf || setupVol != agentVol || agentVol == "" {
-		t.Errorf("init container %s runs %s %q (config %s from volume %q), want the agent's image %s running conntrack-setup "+
-			"with its --config %s from volume %q", setup.Name, setup.Image, setup.Args, setupConf, setupVol, agent.Image, agentConf, agentVol)
-	}
-	if setup.Resources.Limits.Memory().IsZero() {
-		t.Errorf("%s has no memory limit", setup.Name)
+	if ct := fc.Conntrack.resolve(ConntrackDefaults()); ct != ConntrackDefaults() {
+		t.Errorf("deploy/'s conntrack settings %+v, want kube-proxy's %+v", ct, ConntrackDefaults())
 	}
 }
 
 func TestConfigPartialWithOnehopKind(t *testing.T) {
-	fc, warnings, err := loadConfigFile("testdata/partial.conf")
+	fc, warnings, err := LoadFile("testdata/partial.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 0 {
 		t.Errorf("unexpected warnings: %q", warnings)
 	}
-	want := &fileConfig{
+	want := &File{
 		Path:               "testdata/partial.conf",
 		HostnameOverride:   ptrTo("node-a"),
 		HealthzBindAddress: ptrTo("[::]:10256"), // from bindAddress "::"
 		MetricsBindAddress: ptrTo("0.0.0.0:9100"),
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"),
 			netip.MustParsePrefix("fd00:10:244::/56")},
-		NodePortAddresses: &nodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24"),
+		NodePortAddresses: &NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24"),
 			netip.MustParsePrefix("fd00:1::/64")}},
-		Dataplane:     ptrTo(configDataplaneIPVS),
+		Dataplane:     ptrTo(DataplaneIPVS),
 		MasqueradeBit: ptrTo[int32](12), // ipvs mode reads iptables.masquerade*
 		MasqueradeAll: ptrTo(true),
 		SyncPeriod:    ptrTo(10 * time.Second),
 		MinSyncPeriod: ptrTo(2 * time.Second),
 		IPVSScheduler: ptrTo("wrr"),
-		Conntrack: fileConntrack{
+		Conntrack: FileConntrack{
 			MaxPerCore:            ptrTo[int32](0), // explicit 0: leave the kernel's value
 			TCPEstablishedTimeout: ptrTo(time.Duration(0)),
 			TCPBeLiberal:          ptrTo(true),
@@ -184,7 +135,7 @@ func TestConfigPartialWithOnehopKind(t *testing.T) {
 
 // Fields that do not apply are listed, each once; the honoured ones still apply.
 func TestConfigIgnoredFieldsWarn(t *testing.T) {
-	fc, warnings, err := loadConfigFile("testdata/ignored.conf")
+	fc, warnings, err := LoadFile("testdata/ignored.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +159,7 @@ func TestConfigIgnoredFieldsWarn(t *testing.T) {
 	if fc.MasqueradeBit != nil {
 		t.Errorf("masqueradeBit = %d from the nftables section, want unset in iptables mode", *fc.MasqueradeBit)
 	}
-	if *fc.Dataplane != configDataplaneNFTables {
+	if *fc.Dataplane != DataplaneNFTables {
 		t.Errorf("dataplane = %s, want nftables for mode iptables", *fc.Dataplane)
 	}
 }
@@ -216,11 +167,11 @@ func TestConfigIgnoredFieldsWarn(t *testing.T) {
 func TestConfigOnehopOnly(t *testing.T) {
 	path := writeConfig(t, "apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\n"+
 		"dataplane: ipvs\nexternalIPCIDRs: []\nsourceRangesOnNodePorts: true\n")
-	fc, warnings, err := loadConfigFile(path)
+	fc, warnings, err := LoadFile(path)
 	if err != nil || len(warnings) != 0 {
 		t.Fatalf("err %v, warnings %q", err, warnings)
 	}
-	if !fc.OnehopFound || fc.KubeProxyFound || *fc.Dataplane != configDataplaneIPVS ||
+	if !fc.OnehopFound || fc.KubeProxyFound || *fc.Dataplane != DataplaneIPVS ||
 		fc.ExternalIPCIDRs == nil || len(fc.ExternalIPCIDRs) != 0 || !*fc.SourceRangesOnNodePorts {
 		t.Errorf("loaded %+v", *fc)
 	}
@@ -230,11 +181,11 @@ func TestConfigOnehopOnly(t *testing.T) {
 func TestConfigDataplaneOverridesMode(t *testing.T) {
 	path := writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
 		"mode: ipvs\n---\napiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\ndataplane: nftables\n")
-	fc, warnings, err := loadConfigFile(path)
+	fc, warnings, err := LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *fc.Dataplane != configDataplaneNFTables {
+	if *fc.Dataplane != DataplaneNFTables {
 		t.Errorf("dataplane = %s, want nftables", *fc.Dataplane)
 	}
 	if len(warnings) != 1 || !strings.HasPrefix(warnings[0], "mode: ipvs overridden") {
@@ -301,7 +252,7 @@ func TestConfigErrors(t *testing.T) {
 			if strings.Contains(tc.file, "\n") {
 				path = writeConfig(t, tc.file)
 			}
-			fc, _, err := loadConfigFile(path)
+			fc, _, err := LoadFile(path)
 			if err == nil {
 				t.Fatalf("loaded %+v, want an error", *fc)
 			}
@@ -327,7 +278,7 @@ func TestConfigExternalUnknownKey(t *testing.T) {
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := loadConfigFile(path); err == nil || !strings.Contains(err.Error(), `"communities"`) {
+	if _, _, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), `"communities"`) {
 		t.Errorf("loaded a config with external.communities: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -40,14 +40,14 @@ func FuzzConfigFile(f *testing.F) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		fc, _, err := loadConfigFile(path)
+		fc, _, err := LoadFile(path)
 		if err != nil {
 			return
 		}
 		if fc == nil {
 			t.Fatal("no error and no configuration")
 		}
-		if fc.Dataplane != nil && *fc.Dataplane != configDataplaneNFTables && *fc.Dataplane != configDataplaneIPVS {
+		if fc.Dataplane != nil && *fc.Dataplane != DataplaneNFTables && *fc.Dataplane != DataplaneIPVS {
 			t.Errorf("dataplane %q", *fc.Dataplane)
 		}
 		if fc.MasqueradeBit != nil && (*fc.MasqueradeBit < 0 || *fc.MasqueradeBit > 31) {

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -73,7 +73,7 @@ func TestKubeProxyFieldsCoverTheStruct(t *testing.T) {
 // "| `path` | status | ... |" after a header whose first cell is "field".
 func docsFieldTable(t *testing.T) map[string]string {
 	t.Helper()
-	raw, err := os.ReadFile("../../docs/migration.md")
+	raw, err := os.ReadFile("../docs/migration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +153,25 @@ func configWith(t *testing.T, path, v string, mode string) string {
 	return string(out)
 }
 
+// resolveWith resolves the default settings with the --config file path
+// (none when empty) and the flags given (by name: the change each makes),
+// as `agent run` resolves its command line.
+func resolveWith(path string, flags map[string]func(*Settings)) ([]string, error) {
+	s := Defaults()
+	set := map[string]bool{}
+	if path != "" {
+		s.Config, set["config"] = path, true
+	}
+	for name, change := range flags {
+		change(&s)
+		set[name] = true
+	}
+	return s.Resolve(set)
+}
+
 // Nothing is silently ignored: a refused or not-applicable field that is
 // set gets an error or a warning that names it, from the file and through
-// `agent run`'s flag parsing.
+// the settings `agent run` resolves.
 func TestKubeProxyFieldsNotSilent(t *testing.T) {
 	for _, f := range kubeProxyFields {
 		if f.Status == fieldApplied {
@@ -163,7 +179,7 @@ func TestKubeProxyFieldsNotSilent(t *testing.T) {
 		}
 		t.Run(f.Path, func(t *testing.T) {
 			path := writeConfig(t, configWith(t, f.Path, f.Example, "nftables"))
-			_, warnings, err := parseRunFlags([]string{"--config", path}, os.Stderr)
+			warnings, err := resolveWith(path, nil)
 			named := err != nil && strings.Contains(err.Error(), f.Path)
 			for _, w := range warnings {
 				if strings.HasPrefix(w, f.Path+":") {
@@ -185,17 +201,19 @@ func TestKubeProxyFieldsRefused(t *testing.T) {
 		{"ipvs.udpTimeout", `"300s"`, "ipvs"},
 	} {
 		path := writeConfig(t, configWith(t, tc.path, tc.value, tc.mode))
-		if _, _, err := parseRunFlags([]string{"--config", path}, os.Stderr); err == nil || !strings.Contains(err.Error(), tc.path) {
+		if _, err := resolveWith(path, nil); err == nil || !strings.Contains(err.Error(), tc.path) {
 			t.Errorf("%s with mode %s: err %v, want one naming the field", tc.path, tc.mode, err)
 		}
 		// --dataplane ipvs over a file with mode nftables: refused too.
 		path = writeConfig(t, configWith(t, tc.path, tc.value, "nftables"))
-		if _, _, err := parseRunFlags([]string{"--config", path, "--dataplane", "ipvs"}, os.Stderr); err == nil {
+		ipvs := func(s *Settings) { s.Dataplane = DataplaneIPVS }
+		if _, err := resolveWith(path, map[string]func(*Settings){"dataplane": ipvs}); err == nil {
 			t.Errorf("%s with --dataplane ipvs: no error", tc.path)
 		}
 	}
 	for _, mode := range []string{"BridgeInterface", "InterfaceNamePrefix"} {
-		if _, _, err := parseRunFlags([]string{"--detect-local-mode", mode}, os.Stderr); err == nil ||
+		detect := func(s *Settings) { s.DetectLocalMode = mode }
+		if _, err := resolveWith("", map[string]func(*Settings){"detect-local-mode": detect}); err == nil ||
 			!strings.Contains(err.Error(), "detectLocalMode (--detect-local-mode)") || !strings.Contains(err.Error(), "NodeCIDR") {
 			t.Errorf("--detect-local-mode %s: err %v", mode, err)
 		}

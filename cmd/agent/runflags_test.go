@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,7 +10,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/config"
 )
+
+// writeConfig writes content to a file in a fresh directory and returns its path.
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // The flag and the file accept the same nodePortAddresses and resolve them
 // the same way: before, the flag took "primary,10.0.0.0/8" and the file
@@ -21,14 +31,14 @@ func TestNodePortAddressesFlagAndFileAgree(t *testing.T) {
 	for _, tc := range []struct {
 		values []string
 		ok     bool
-		want   *nodePortAddresses
+		want   *config.NodePortAddresses
 	}{
-		{[]string{"primary"}, true, &nodePortAddresses{Primary: true}},
+		{[]string{"primary"}, true, &config.NodePortAddresses{Primary: true}},
 		{[]string{"primary", "10.0.0.0/8"}, false, nil},
 		{[]string{"10.0.0.0/8", "primary"}, false, nil},
-		{[]string{"0.0.0.0/0", "::/0"}, true, &nodePortAddresses{CIDRs: []netip.Prefix{
+		{[]string{"0.0.0.0/0", "::/0"}, true, &config.NodePortAddresses{CIDRs: []netip.Prefix{
 			netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}}},
-		{[]string{"192.168.10.7/24"}, true, &nodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}},
+		{[]string{"192.168.10.7/24"}, true, &config.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/24")}}},
 		{[]string{"10.0.0.0/33"}, false, nil},
 		{[]string{"eth0"}, false, nil},
 	} {
@@ -51,8 +61,8 @@ func TestNodePortAddressesFlagAndFileAgree(t *testing.T) {
 			}
 			continue
 		}
-		if !reflect.DeepEqual(flagF.nodePorts, tc.want) || !reflect.DeepEqual(fileF.nodePorts, tc.want) {
-			t.Errorf("%q: flag %+v, file %+v, want %+v", tc.values, flagF.nodePorts, fileF.nodePorts, tc.want)
+		if !reflect.DeepEqual(flagF.NodePorts, tc.want) || !reflect.DeepEqual(fileF.NodePorts, tc.want) {
+			t.Errorf("%q: flag %+v, file %+v, want %+v", tc.values, flagF.NodePorts, fileF.NodePorts, tc.want)
 		}
 	}
 }
@@ -64,8 +74,8 @@ func TestConntrackSettingsMerge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.conntrack != conntrackDefaults() || len(f.explicit) != 0 {
-		t.Errorf("defaults: %+v, explicit %v", f.conntrack, f.explicit)
+	if f.Conntrack != config.ConntrackDefaults() || len(f.Explicit) != 0 {
+		t.Errorf("defaults: %+v, explicit %v", f.Conntrack, f.Explicit)
 	}
 	path := writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
 		"conntrack:\n  maxPerCore: 0\n  tcpEstablishedTimeout: 2h\n  udpTimeout: 30s\n  tcpBeLiberal: true\n")
@@ -73,18 +83,18 @@ func TestConntrackSettingsMerge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := conntrackConfig{MaxPerCore: 0, Min: 131072, TCPEstablishedTimeout: 2 * time.Hour,
+	want := config.Conntrack{MaxPerCore: 0, Min: 131072, TCPEstablishedTimeout: 2 * time.Hour,
 		TCPCloseWaitTimeout: time.Hour, TCPBeLiberal: true, UDPTimeout: 45 * time.Second}
-	if f.conntrack != want {
-		t.Errorf("merged %+v, want %+v", f.conntrack, want)
+	if f.Conntrack != want {
+		t.Errorf("merged %+v, want %+v", f.Conntrack, want)
 	}
 	for _, flag := range []string{"conntrack-max-per-core", "conntrack-tcp-timeout-established", "conntrack-udp-timeout",
 		"conntrack-tcp-be-liberal"} {
-		if !f.explicit[flag] {
+		if !f.Explicit[flag] {
 			t.Errorf("%s not marked as given", flag)
 		}
 	}
-	if f.explicit["conntrack-tcp-timeout-close-wait"] {
+	if f.Explicit["conntrack-tcp-timeout-close-wait"] {
 		t.Error("close-wait marked as given; it is kube-proxy's default")
 	}
 	for _, args := range [][]string{{"--conntrack-udp-timeout", "-1s"},
@@ -92,73 +102,6 @@ func TestConntrackSettingsMerge(t *testing.T) {
 		if _, _, err := parseRunFlags(args, io.Discard); err == nil || !strings.Contains(err.Error(), "conntrack.udpTimeout (--conntrack-udp-timeout)") {
 			t.Errorf("%q: err %v", args, err)
 		}
-	}
-}
-
-func TestConntrackSysctls(t *testing.T) {
-	c := conntrackDefaults()
-	got := map[string]int{}
-	fields := map[string]string{}
-	for _, s := range c.sysctls(2) {
-		got[s.Name] = s.Value
-		fields[s.Name] = s.Field
-		if s.OnlyRaise != strings.HasSuffix(s.Name, "nf_conntrack_max") {
-			t.Errorf("%s: OnlyRaise %v", s.Name, s.OnlyRaise)
-		}
-	}
-	want := map[string]int{"net/netfilter/nf_conntrack_max": 131072, // 2 x 32768 < min
-		"net/netfilter/nf_conntrack_tcp_timeout_established": 86400,
-		"net/netfilter/nf_conntrack_tcp_timeout_close_wait":  3600}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("defaults on 2 CPUs: %v, want %v", got, want)
-	}
-	if fields["net/netfilter/nf_conntrack_max"] != "conntrack.min (--conntrack-min)" {
-		t.Errorf("nf_conntrack_max from %q, want conntrack.min", fields["net/netfilter/nf_conntrack_max"])
-	}
-	if m := c.nfConntrackMax(8); m != 262144 {
-		t.Errorf("8 CPUs: nf_conntrack_max %d, want 262144", m)
-	}
-	c = conntrackConfig{MaxPerCore: 0, Min: 1 << 20, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute, TCPBeLiberal: true}
-	got = map[string]int{}
-	for _, s := range c.sysctls(64) {
-		got[s.Name] = s.Value
-	}
-	want = map[string]int{"net/netfilter/nf_conntrack_udp_timeout": 30, "net/netfilter/nf_conntrack_udp_timeout_stream": 120,
-		"net/netfilter/nf_conntrack_tcp_be_liberal": 1}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("maxPerCore 0 leaves nf_conntrack_max: %v, want %v", got, want)
-	}
-}
-
-// A setting the user gave that cannot be written stops the agent; one left
-// at kube-proxy's default is logged and the agent runs on. (The real
-// kernel's refusals are in dataplane's TestWriteSysctls.)
-func TestApplyConntrackExplicitIsFatal(t *testing.T) {
-	root := t.TempDir()
-	est := filepath.Join(root, "net/netfilter/nf_conntrack_tcp_timeout_established")
-	if err := os.MkdirAll(filepath.Dir(est), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(est, []byte("432000\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// close_wait is missing: writing it fails.
-	c := conntrackConfig{TCPEstablishedTimeout: 2 * time.Hour, TCPCloseWaitTimeout: time.Hour}
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	if err := applyConntrack(context.Background(), log, root, c, map[string]bool{}, 2); err != nil {
-		t.Errorf("defaults only: %v", err)
-	}
-	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "conntrack.tcpCloseWaitTimeout") {
-		t.Errorf("defaults that cannot be written are not logged:\n%s", logs.String())
-	}
-	if b, _ := os.ReadFile(est); strings.TrimSpace(string(b)) != "7200" {
-		t.Errorf("established = %s, want 7200", b)
-	}
-	err := applyConntrack(context.Background(), log, root, c, map[string]bool{"conntrack-tcp-timeout-close-wait": true}, 2)
-	if err == nil || !strings.Contains(err.Error(), "conntrack.tcpCloseWaitTimeout (--conntrack-tcp-timeout-close-wait)") ||
-		!strings.Contains(err.Error(), "net.netfilter.nf_conntrack_tcp_timeout_close_wait") {
-		t.Errorf("explicit setting that cannot be written: err %v", err)
 	}
 }
 
@@ -191,8 +134,8 @@ func TestFlagsAndFileShareValidation(t *testing.T) {
 			t.Errorf("%s: flag err %v, file err %v; want ok=%v from both", tc.name, flagErr, fileErr, tc.ok)
 			continue
 		}
-		if tc.ok && (flagF.clusterCIDR != fileF.clusterCIDR || flagF.healthzAddr != fileF.healthzAddr ||
-			flagF.detectLocalMode != fileF.detectLocalMode) {
+		if tc.ok && (flagF.ClusterCIDR != fileF.ClusterCIDR || flagF.HealthzAddr != fileF.HealthzAddr ||
+			flagF.DetectLocalMode != fileF.DetectLocalMode) {
 			t.Errorf("%s: flag resolved %+v, file %+v", tc.name, *flagF, *fileF)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -17,16 +17,16 @@ import (
 // primary IPs, from its Node object.
 const nodePortAddressesPrimary = "primary"
 
-// nodePortAddresses is where NodePorts are served: the node's primary IPs
+// NodePortAddresses is where NodePorts are served: the node's primary IPs
 // (Primary, the default), or its local interface addresses inside CIDRs
 // (0.0.0.0/0 and ::/0: every local address of the family), as kube-proxy.
-type nodePortAddresses struct {
+type NodePortAddresses struct {
 	Primary bool
 	CIDRs   []netip.Prefix
 }
 
 // String is the value in --nodeport-addresses' syntax.
-func (n *nodePortAddresses) String() string {
+func (n *NodePortAddresses) String() string {
 	if n == nil || n.Primary {
 		return nodePortAddressesPrimary
 	}
@@ -40,9 +40,9 @@ func (n *nodePortAddresses) String() string {
 // parseNodePortAddresses checks nodePortAddresses (or the flag's
 // comma-separated list): "primary" alone, or CIDRs. Blank entries are
 // skipped; none at all means primary.
-func parseNodePortAddresses(values []string) (*nodePortAddresses, error) {
+func parseNodePortAddresses(values []string) (*NodePortAddresses, error) {
 	const name = "nodePortAddresses (--nodeport-addresses)"
-	var out nodePortAddresses
+	var out NodePortAddresses
 	n := 0
 	for _, v := range values {
 		v = strings.TrimSpace(v)
@@ -71,8 +71,8 @@ func parseNodePortAddresses(values []string) (*nodePortAddresses, error) {
 
 // The detectLocalMode values onehop applies.
 const (
-	detectLocalClusterCIDR = "ClusterCIDR"
-	detectLocalNodeCIDR    = "NodeCIDR"
+	DetectLocalClusterCIDR = "ClusterCIDR"
+	DetectLocalNodeCIDR    = "NodeCIDR"
 )
 
 // checkDetectLocalMode accepts ClusterCIDR (also ""), and NodeCIDR, and
@@ -81,14 +81,14 @@ const (
 func checkDetectLocalMode(mode string) error {
 	const name = "detectLocalMode (--detect-local-mode)"
 	switch mode {
-	case "", detectLocalClusterCIDR, detectLocalNodeCIDR:
+	case "", DetectLocalClusterCIDR, DetectLocalNodeCIDR:
 		return nil
 	case "BridgeInterface", "InterfaceNamePrefix":
 		return fmt.Errorf("%s %q is not supported: onehop's dataplanes tell local pod traffic by source address, "+
 			"not by interface; use %s (with clusterCIDR) or %s (this Node's spec.podCIDRs)",
-			name, mode, detectLocalClusterCIDR, detectLocalNodeCIDR)
+			name, mode, DetectLocalClusterCIDR, DetectLocalNodeCIDR)
 	}
-	return fmt.Errorf("%s %q: want %s or %s", name, mode, detectLocalClusterCIDR, detectLocalNodeCIDR)
+	return fmt.Errorf("%s %q: want %s or %s", name, mode, DetectLocalClusterCIDR, DetectLocalNodeCIDR)
 }
 
 // checkClusterCIDRs accepts one pod CIDR, or two of different IP families.
@@ -110,28 +110,105 @@ func checkSyncPeriods(syncName, minName string, sync, minSync time.Duration) err
 	return nil
 }
 
-// checkClientRate refuses a negative QPS or burst towards the API server.
-func checkClientRate(qpsName, burstName string, qps float64, burst int) error {
+// CheckClientRate refuses a negative QPS or burst towards the API server.
+func CheckClientRate(qpsName, burstName string, qps float64, burst int) error {
 	if qps < 0 || burst < 0 {
 		return fmt.Errorf("%s and %s must not be negative", qpsName, burstName)
 	}
 	return nil
 }
 
-// checkLogFormat accepts text and json.
-func checkLogFormat(name, f string) error {
+// CheckLogFormat accepts text and json.
+func CheckLogFormat(name, f string) error {
 	if f != "text" && f != "json" {
 		return fmt.Errorf("%s %q: want text or json", name, f)
 	}
 	return nil
 }
 
-// parseBalancing parses the cluster-wide default balancing: random or
+// ParseBalancing parses the cluster-wide default balancing: random or
 // maglev (a Service's onehop.io/balancing annotation overrides it).
-func parseBalancing(v string) (portal.Balancing, error) {
+func ParseBalancing(v string) (portal.Balancing, error) {
 	b, ok := portal.ParseBalancing(v)
 	if !ok {
 		return b, fmt.Errorf("balancing (--balancing) %q: want %s or %s", v, portal.BalancingRandom, portal.BalancingMaglev)
 	}
 	return b, nil
+}
+
+// ParsePrefixes parses a flag's comma-separated CIDRs, skipping blank
+// entries; errors name the flag (flagName, without its dashes).
+func ParsePrefixes(flagName, s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %q is not a CIDR", flagName, part)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// validate checks the merged settings, whether they came from flags or
+// the file, with the same checks as the file's loader.
+func (f *Settings) validate() error {
+	if f.MasqueradeBit < 0 || f.MasqueradeBit > 31 {
+		return fmt.Errorf("--masquerade-bit %d: must be 0..31", f.MasqueradeBit)
+	}
+	if f.Dataplane != "nft" && f.Dataplane != "ipvs" {
+		return fmt.Errorf("--dataplane %q: must be nft or ipvs", f.Dataplane)
+	}
+	np, err := parseNodePortAddresses(strings.Split(f.NodePortAddrs, ","))
+	if err != nil {
+		return err
+	}
+	f.NodePorts = np
+	if err := checkDetectLocalMode(f.DetectLocalMode); err != nil {
+		return err
+	}
+	if err := f.Conntrack.validate(); err != nil {
+		return err
+	}
+	if f.OOMScoreAdj < -1000 || f.OOMScoreAdj > 1000 {
+		return fmt.Errorf("oomScoreAdj (--oom-score-adj) %d: want -1000 to 1000", f.OOMScoreAdj)
+	}
+	for _, c := range []struct{ flag, s string }{{"cluster-cidr", f.ClusterCIDR}, {"service-cidr", f.ServiceCIDR},
+		{"external-ip-cidrs", f.ExternalIPCIDRs}} {
+		if _, err := ParsePrefixes(c.flag, c.s); err != nil {
+			return err
+		}
+	}
+	cluster, _ := ParsePrefixes("cluster-cidr", f.ClusterCIDR)
+	if err := checkClusterCIDRs("--cluster-cidr", cluster); err != nil {
+		return err
+	}
+	if err := checkSyncPeriods("--sync-period", "--min-sync-period", f.SyncPeriod, f.MinSyncPeriod); err != nil {
+		return err
+	}
+	if err := CheckClientRate("--kube-api-qps", "--kube-api-burst", f.QPS, f.Burst); err != nil {
+		return err
+	}
+	if err := CheckLogFormat("--log-format", f.LogFormat); err != nil {
+		return err
+	}
+	if _, err := ParseBalancing(f.Balancing); err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		flag string
+		addr *string
+		port string
+	}{{"--healthz-bind-address", &f.HealthzAddr, healthzPort}, {"--metrics-bind-address", &f.MetricsAddr, metricsPort}} {
+		hp, err := hostPort(a.flag, *a.addr, a.port)
+		if err != nil {
+			return err
+		}
+		*a.addr = hp // a bare IP gets kube-proxy's port, as in the file
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ import (
 // field stop the agent naming the field.
 func TestServiceLimitsFromTheFile(t *testing.T) {
 	const head = "apiVersion: onehop.io/v1alpha1\nkind: OnehopConfiguration\n"
-	fc, _, err := loadConfigFile(writeConfig(t, head+"serviceLimits:\n  ports: 20000\n  externalIPs: 4\n"))
+	fc, _, err := LoadFile(writeConfig(t, head+"serviceLimits:\n  ports: 20000\n  externalIPs: 4\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,12 +20,12 @@ func TestServiceLimitsFromTheFile(t *testing.T) {
 		t.Errorf("got %+v, want %+v", fc.ServiceLimits, want)
 	}
 	// ... and `agent run` takes them into the model's configuration.
-	var f runFlags
+	var f Settings
 	f.applyFile(fc, map[string]bool{})
-	if want := (portal.Limits{Ports: 20000, ExternalIPs: 4}); f.serviceLimits != want {
-		t.Errorf("run takes %+v from the file, want %+v", f.serviceLimits, want)
+	if want := (portal.Limits{Ports: 20000, ExternalIPs: 4}); f.ServiceLimits != want {
+		t.Errorf("run takes %+v from the file, want %+v", f.ServiceLimits, want)
 	}
-	fc, _, err = loadConfigFile(writeConfig(t, head+"dataplane: ipvs\n"))
+	fc, _, err = LoadFile(writeConfig(t, head+"dataplane: ipvs\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestServiceLimitsFromTheFile(t *testing.T) {
 		{"serviceLimits:\n  loadBalancerIPs: -3\n", "serviceLimits.loadBalancerIPs -3"},
 		{"serviceLimits:\n  port: 10\n", `unknown field "serviceLimits.port"`},
 	} {
-		if _, _, err := loadConfigFile(writeConfig(t, head+c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, _, err := LoadFile(writeConfig(t, head+c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: got error %v, want one saying %q", c.body, err, c.want)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 // What onehop does with each KubeProxyConfiguration field. docs/migration.md
 // holds the same list as a table; a test keeps the two, and the struct's
