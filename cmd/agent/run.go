@@ -5,19 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -26,10 +21,11 @@ import (
 
 	"github.com/onehop/onehop/config"
 	"github.com/onehop/onehop/dataplane"
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/portal"
 )
 
+// nodeName is this node's name: override, else the hostname, lower-cased
+// and trimmed as kube-proxy does.
 func nodeName(override string) (string, error) {
 	name := override
 	if name == "" {
@@ -42,6 +38,9 @@ func nodeName(override string) (string, error) {
 	return strings.ToLower(strings.TrimSpace(name)), nil
 }
 
+// runCmd is `agent run`: it wires the settings into the model, the
+// dataplane, the HTTP servers and the cloud hook, and keeps the kernel in
+// step with the API server until ctx ends.
 func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	f, log, err := runSettings("agent run", args, stderr)
 	if f == nil {
@@ -120,43 +119,14 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	} else {
 		metrics.SetProxyMode(f.Dataplane)
 	}
-	// A health or metrics address that cannot be bound (another process
-	// holds it) is retried every few seconds, as in kube-proxy, unless
-	// bindAddressHardFail asks to exit.
-	var health *dataplane.HealthServer
-	// report follows the health and metrics servers: a failure is shown in
-	// /healthz (the metrics server's), or ends the agent with
-	// bindAddressHardFail.
-	report := func(what, addr string) func(error) {
-		return func(err error) {
-			if err != nil && f.BindAddressHardFail {
-				fatal(fmt.Errorf("%s server on %s (bindAddressHardFail): %w", what, addr, err))
-			}
-			if health != nil && what != "healthz" {
-				health.ServerFailed(what, err)
-			}
-		}
-	}
-	if f.HealthzAddr != "" {
-		health = dataplane.NewHealthServer(f.HealthzAddr, f.SyncPeriod, nil)
-		health.SetMetrics(metrics)
-		go dataplane.ServeRetrying(ctx, log, "healthz", f.HealthzAddr, dataplane.BindRetry, health.Serve,
-			report("healthz", f.HealthzAddr))
-	}
-	if f.MetricsAddr != "" {
-		serve := func(ctx context.Context, ln net.Listener) error {
-			return metrics.ServeListener(ctx, ln, reg, f.Profiling)
-		}
-		go dataplane.ServeRetrying(ctx, log, "metrics", f.MetricsAddr, dataplane.BindRetry, serve,
-			report("metrics", f.MetricsAddr))
-	}
+	health := serveHealthAndMetrics(ctx, f, log, reg, metrics, fatal)
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "onehop-agent", Host: node})
 
-	balancing, _ := config.ParseBalancing(f.Balancing) // checked by validate
+	balancing, _ := config.ParseBalancing(f.Balancing) // checked by Resolve
 	pcfg := portal.Config{NodeName: node, ServiceCIDRs: serviceCIDRs, ExternalIPCIDRs: extCIDRs,
 		ServiceProxyName: f.ServiceProxyName, Limits: f.ServiceLimits, Balancing: balancing}
 	var runner *dataplane.Runner
@@ -242,67 +212,18 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 	}
 
-	var watch *portal.ServiceWatch // shared with the cloud hook
-	var podIPsReady *atomic.Bool   // set when pod external IPs are served
-	var refusedReady *atomic.Bool  // set when the registry's refusals are known
+	// The cloud hook, when the config file has an external section.
+	hook := &nodeHook{}
 	if len(f.External) > 0 && string(f.External) != "null" {
-		ec, err := external.DecodeConfig(f.External)
-		if err != nil {
-			return fmt.Errorf("%s: external section: %w", f.Config, err)
-		}
-		if len(ec.ExternalIPCIDRs) == 0 {
-			for _, p := range extCIDRs {
-				ec.ExternalIPCIDRs = append(ec.ExternalIPCIDRs, p.String())
-			}
-		}
-		// One watch of Services and EndpointSlices for the model and the
-		// hook, which needs them all (external.WithServiceWatch).
-		watch = portal.NewServiceWatch(client, 0)
-		// A provider that cannot start or update shows in /healthz's
-		// providerFailures, onehop_provider_up and events on this Node.
-		dyn, err := dynamic.NewForConfig(rc) // the onehop.io custom resources (external.crds)
+		hook, err = startNodeHook(ctx, hookWiring{settings: f, extCIDRs: extCIDRs, rest: rc, client: client, node: node,
+			log: log, reg: reg, health: health, metrics: metrics, runner: runner, tracker: tracker})
 		if err != nil {
 			return err
 		}
-		hook, err := external.New(ec, client, node, log, external.WithServiceWatch(watch), external.WithProviderHealth(health, metrics),
-			external.WithDynamicClient(dyn), external.WithRegisterer(reg))
-		if err != nil {
-			return fmt.Errorf("%s: external section: %w", f.Config, err)
-		}
-		if hook.Idle() {
-			watch = nil // the model watches only its part
-		}
-		if ec.SeparateController {
-			log.Info("cloud hook: this agent runs the per-node part only; `agent controller` allocates, writes Service status and drives the webhook")
-		}
-		runner.OnApplied(hook.Programmed)
-		if ec.PodExternalIPs {
-			runner.OnApplied(func(snap *portal.Snapshot) {
-				ips := make([]netip.Addr, 0, len(snap.Node.PodExternalIPs))
-				for _, p := range snap.Node.PodExternalIPs {
-					ips = append(ips, p.External)
-				}
-				hook.ProgrammedPodIPs(ips)
-			})
-			podIPsReady = &atomic.Bool{}
-			go followPodExternalIPs(ctx, hook, tracker, node, podIPsReady)
-		}
-		refusedReady = &atomic.Bool{}
-		go followRefusedExternalIPs(ctx, hook, tracker, refusedReady)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := hook.Run(ctx); err != nil {
-				log.Error("cloud hook stopped", "err", err)
-				// Without the hook no registry refuses anything: serve
-				// rather than wait for it for ever.
-				refusedReady.Store(true)
-			}
-		}()
-		defer func() { <-done }() // withdraw announcements before exiting
+		defer hook.wait() // withdraw announcements before exiting
 	}
 
-	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.ServiceProxyName, Watch: watch,
+	src := &portal.Informers{Client: client, NodeName: node, ServiceProxyName: f.ServiceProxyName, Watch: hook.watch,
 		ServiceCIDRs: true, Log: log}
 	informersSynced, err := src.Start(ctx, tracker)
 	if err != nil {
@@ -313,7 +234,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	// So are the registry's refusals: an external IP another tenant holds
 	// must not be served even for a moment.
 	synced := func() bool {
-		return informersSynced() && (podIPsReady == nil || podIPsReady.Load()) && (refusedReady == nil || refusedReady.Load())
+		return informersSynced() && hook.ready()
 	}
 	log.Info("onehop agent starting", "version", version, "node", node, "dataplane", dp.Name(),
 		"cluster_cidrs", f.ClusterCIDR, "external_ip_cidrs", f.ExternalIPCIDRs)
@@ -345,60 +266,4 @@ func hasTaint(n *v1.Node, key string) bool {
 		}
 	}
 	return false
-}
-
-// followPodExternalIPs hands the tracker the external IPs of this node's
-// pods, as the hook computes them from Pods, whenever a Pod changes (and
-// every 30 s, in case a change was coalesced away).
-// ready is set once the tracker holds what the hook's complete first
-// listing says.
-// followRefusedExternalIPs keeps the model's list of external IPs that the
-// cloud hook's registry gives to someone else up to date; ready is set once
-// the registry ran over complete listings.
-func followRefusedExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, ready *atomic.Bool) {
-	poll := time.NewTicker(50 * time.Millisecond) // until the registry has run
-	defer poll.Stop()
-	for {
-		if refused, ok := hook.RefusedExternalIPs(); ok {
-			tracker.SetRefusedExternalIPs(refused)
-			if !ready.Load() {
-				ready.Store(true)
-				poll.Stop()
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-poll.C:
-		case <-hook.RefusedExternalIPsChanged():
-		}
-	}
-}
-
-func followPodExternalIPs(ctx context.Context, hook *external.Hook, tracker *portal.Tracker, node string, ready *atomic.Bool) {
-	t := time.NewTicker(30 * time.Second)
-	defer t.Stop()
-	poll := time.NewTicker(50 * time.Millisecond) // until the first listing is complete
-	defer poll.Stop()
-	for {
-		synced := hook.Synced()
-		var mine []portal.PodExternalIP
-		for _, p := range hook.PodExternalIPs() {
-			if p.NodeName == node {
-				mine = append(mine, portal.PodExternalIP{External: p.IP, Pod: p.PodIP, Name: p.Pod})
-			}
-		}
-		tracker.SetPodExternalIPs(mine)
-		if synced && !ready.Load() {
-			ready.Store(true)
-			poll.Stop()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-poll.C:
-		case <-hook.PodsChanged():
-		}
-	}
 }
