@@ -186,32 +186,23 @@ func (pl *plan) removeService(k portal.ServiceKey) {
 			delete(pl.Servers, vk)
 		}
 	}
-	for _, a := range pt.VIPs {
-		if pl.VIPRefs[a]--; pl.VIPRefs[a] <= 0 {
-			delete(pl.VIPRefs, a)
-			delete(pl.VIPs, a)
-		}
-	}
-	for _, r := range pt.Rules {
-		if pl.RuleRefs[r]--; pl.RuleRefs[r] <= 0 {
-			delete(pl.RuleRefs, r)
-			delete(pl.Rules, r)
-		}
-	}
-	for _, c := range pt.Sets {
-		if pl.SetRefs[c]--; pl.SetRefs[c] <= 0 {
-			delete(pl.SetRefs, c)
-			delete(pl.Sets, c)
-		}
-	}
+	release(pl.VIPs, pl.VIPRefs, pt.VIPs)
+	release(pl.Rules, pl.RuleRefs, pt.Rules)
+	release(pl.Sets, pl.SetRefs, pt.Sets)
 	for _, l := range pt.Local {
 		delete(pl.Local, l)
 		delete(pl.Topology, l)
 	}
-	for _, k := range pt.Allowed {
-		if pl.AllowedRefs[k]--; pl.AllowedRefs[k] <= 0 {
-			delete(pl.AllowedRefs, k)
-			delete(pl.Allowed, k)
+	release(pl.Allowed, pl.AllowedRefs, pt.Allowed)
+}
+
+// release drops a part's reference to each of keys, and takes out of m
+// the ones no part refers to any more.
+func release[K comparable, V any](m map[K]V, refs map[K]int, keys []K) {
+	for _, k := range keys {
+		if refs[k]--; refs[k] <= 0 {
+			delete(refs, k)
+			delete(m, k)
 		}
 	}
 }
@@ -247,27 +238,20 @@ func (pl *plan) subset(t *touched) *plan {
 			out.Servers[k] = &c
 		}
 	}
-	for a := range t.vips {
-		if pl.VIPs[a] {
-			out.VIPs[a] = true
-		}
-	}
-	for r := range t.rules {
-		if x, ok := pl.Rules[r]; ok {
-			out.Rules[r] = x
-		}
-	}
-	for c := range t.sets {
-		if x, ok := pl.Sets[c]; ok {
-			out.Sets[c] = x
-		}
-	}
-	for k := range t.allowed {
-		if pl.Allowed[k] {
-			out.Allowed[k] = true
-		}
-	}
+	copyKeys(out.VIPs, pl.VIPs, t.vips)
+	copyKeys(out.Rules, pl.Rules, t.rules)
+	copyKeys(out.Sets, pl.Sets, t.sets)
+	copyKeys(out.Allowed, pl.Allowed, t.allowed)
 	return out
+}
+
+// copyKeys copies the entries of from whose keys are in keys into to.
+func copyKeys[K comparable, V any](to, from map[K]V, keys map[K]bool) {
+	for k := range keys {
+		if v, ok := from[k]; ok {
+			to[k] = v
+		}
+	}
 }
 
 // touched is the set of keys an incremental sync looks at.
@@ -287,20 +271,17 @@ func (t *touched) addPart(pt *part) {
 	if pt == nil {
 		return
 	}
-	for _, k := range pt.Servers {
-		t.servers[k] = true
-	}
-	for _, a := range pt.VIPs {
-		t.vips[a] = true
-	}
-	for _, r := range pt.Rules {
-		t.rules[r] = true
-	}
-	for _, c := range pt.Sets {
-		t.sets[c] = true
-	}
-	for _, k := range pt.Allowed {
-		t.allowed[k] = true
+	addKeys(t.servers, pt.Servers)
+	addKeys(t.vips, pt.VIPs)
+	addKeys(t.rules, pt.Rules)
+	addKeys(t.sets, pt.Sets)
+	addKeys(t.allowed, pt.Allowed)
+}
+
+// addKeys puts each of keys in set.
+func addKeys[K comparable](set map[K]bool, keys []K) {
+	for _, k := range keys {
+		set[k] = true
 	}
 }
 
