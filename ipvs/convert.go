@@ -38,9 +38,26 @@ func toDest(d netip.AddrPort, weight int) *libipvs.Destination {
 		ConnectionFlags: libipvs.ConnectionFlagMasq, AddressFamily: fam}
 }
 
+// fromService is virtual server k as the kernel's s has it, without its
+// destinations.
+func fromService(k vsKey, s *libipvs.Service) *virtualServer {
+	v := &virtualServer{Key: k, Sched: s.SchedName, Dests: map[netip.AddrPort]int{}}
+	v.Fallback = s.Flags&svcFlagSchedFallback != 0
+	if s.Flags&svcFlagPersistent != 0 {
+		v.Timeout = s.Timeout
+	}
+	return v
+}
+
+// destAddr is d's address and port; false when d has no valid address.
+func destAddr(d *libipvs.Destination) (netip.AddrPort, bool) {
+	a, ok := netip.AddrFromSlice(d.Address)
+	return netip.AddrPortFrom(a.Unmap(), d.Port), ok
+}
+
 type libipvsDest = libipvs.Destination
 
 func destString(d *libipvs.Destination) string {
-	a, _ := netip.AddrFromSlice(d.Address)
-	return netip.AddrPortFrom(a.Unmap(), d.Port).String()
+	ap, _ := destAddr(d)
+	return ap.String()
 }

@@ -35,8 +35,7 @@ func (b *Backend) reapLocked(now time.Time) {
 		conns := map[netip.AddrPort]int{}
 		present := map[netip.AddrPort]bool{}
 		for _, d := range ds {
-			if a, ok := netip.AddrFromSlice(d.Address); ok {
-				ap := netip.AddrPortFrom(a.Unmap(), d.Port)
+			if ap, ok := destAddr(d); ok {
 				conns[ap] = d.ActiveConnections + d.InactiveConnections
 				present[ap] = true
 			}

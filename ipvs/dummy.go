@@ -60,6 +60,19 @@ func (b *Backend) dummyAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
+// dummyVIPs are the dummy's addresses, as a set.
+func (b *Backend) dummyVIPs() (map[netip.Addr]bool, error) {
+	addrs, err := b.dummyAddrs()
+	if err != nil {
+		return nil, err
+	}
+	vips := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		vips[a] = true
+	}
+	return vips, nil
+}
+
 // applyVIPs binds the wanted VIPs to the dummy interface and removes the others.
 func (b *Backend) applyVIPs(have, want *plan) (int, error) {
 	l, err := b.ensureDummy()

@@ -15,37 +15,55 @@ import (
 // Sync adds the iptables rules (readRules).
 func (b *Backend) readKernel() (*plan, error) {
 	pl := newPlan()
-	vips, err := b.dummyAddrs()
-	if err != nil {
+	var err error
+	if pl.VIPs, err = b.dummyVIPs(); err != nil {
 		return nil, err
-	}
-	for _, a := range vips {
-		pl.VIPs[a] = true
 	}
 	pl.Filter = filterState{Sets: map[string]bool{}, VIPs: map[netip.Addr]bool{}, Ports: map[vsKey]bool{}}
 	if err := b.sets.read(pl); err != nil {
 		return nil, err
 	}
-	names := b.namesLocked()
+	ours, foreign, err := b.listServers(b.namesLocked(), pl.VIPs)
+	if err != nil {
+		return nil, err
+	}
+	for _, ks := range ours {
+		pl.Servers[ks.vs.Key] = ks.vs
+	}
+	pl.Foreign = foreign
+	return pl, nil
+}
+
+// kernelServer is one of onehop's virtual servers in the kernel: as the
+// kernel lists it (with its counters) and as onehop reads it.
+type kernelServer struct {
+	svc *libipvs.Service
+	vs  *virtualServer
+}
+
+// listServers reads the kernel's virtual servers at an address and port.
+// Those named in names (the state file) or at one of vips (the dummy's
+// addresses) are onehop's; foreign are the keys of the others.
+func (b *Backend) listServers(names map[string]stateEntry, vips map[netip.Addr]bool) (ours []kernelServer, foreign []vsKey, err error) {
 	svcs, err := b.ipvs.GetServices()
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: listing services: %w", err)
+		return nil, nil, fmt.Errorf("ipvs: listing services: %w", err)
 	}
 	for _, s := range svcs {
 		v, err := b.readServer(s)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if v == nil {
 			continue
 		}
-		if _, ours := names[v.Key.String()]; !ours && !pl.VIPs[v.Key.Addr] {
-			pl.Foreign = append(pl.Foreign, v.Key) // not onehop's
+		if _, named := names[v.Key.String()]; !named && !vips[v.Key.Addr] {
+			foreign = append(foreign, v.Key) // not onehop's
 			continue
 		}
-		pl.Servers[v.Key] = v
+		ours = append(ours, kernelServer{svc: s, vs: v})
 	}
-	return pl, nil
+	return ours, foreign, nil
 }
 
 func (b *Backend) readServer(s *libipvs.Service) (*virtualServer, error) {
@@ -62,22 +80,15 @@ func (b *Backend) readServer(s *libipvs.Service) (*virtualServer, error) {
 			return nil, nil
 		}
 	}
-	v := &virtualServer{Key: vsKey{Proto: portal.Protocol(s.Protocol), Addr: addr.Unmap(), Port: s.Port}, Sched: s.SchedName,
-		Dests: map[netip.AddrPort]int{}}
-	v.Fallback = s.Flags&svcFlagSchedFallback != 0
-	if s.Flags&svcFlagPersistent != 0 {
-		v.Timeout = s.Timeout
-	}
+	v := fromService(vsKey{Proto: portal.Protocol(s.Protocol), Addr: addr.Unmap(), Port: s.Port}, s)
 	ds, err := b.ipvs.GetDestinations(s)
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: destinations of %s: %w", v.Key, err)
 	}
 	for _, d := range ds {
-		a, ok := netip.AddrFromSlice(d.Address)
-		if !ok {
-			continue
+		if ap, ok := destAddr(d); ok {
+			v.Dests[ap] = d.Weight
 		}
-		v.Dests[netip.AddrPortFrom(a.Unmap(), d.Port)] = d.Weight
 	}
 	return v, nil
 }

@@ -192,17 +192,13 @@ func (b *Backend) adopt(svc *libipvs.Service, v *virtualServer) (*virtualServer,
 	if err != nil {
 		return nil, fmt.Errorf("it exists, but reading it failed: %w", err)
 	}
-	old := &virtualServer{Key: v.Key, Sched: cur.SchedName, Dests: map[netip.AddrPort]int{}}
-	old.Fallback = cur.Flags&svcFlagSchedFallback != 0
-	if cur.Flags&svcFlagPersistent != 0 {
-		old.Timeout = cur.Timeout
-	}
+	old := fromService(v.Key, cur)
 	ds, err := b.ipvs.GetDestinations(cur)
 	if err != nil {
 		return nil, fmt.Errorf("it exists, but reading its destinations failed: %w", err)
 	}
 	for _, d := range ds {
-		a, ok := netip.AddrFromSlice(d.Address)
+		ap, ok := destAddr(d)
 		if !ok {
 			continue
 		}
@@ -210,7 +206,7 @@ func (b *Backend) adopt(svc *libipvs.Service, v *virtualServer) (*virtualServer,
 		if d.ConnectionFlags&libipvs.ConnectionFlagFwdMask != libipvs.ConnectionFlagMasq {
 			w = -1
 		}
-		old.Dests[netip.AddrPortFrom(a.Unmap(), d.Port)] = w
+		old.Dests[ap] = w
 	}
 	if !old.sameService(v) || cur.Flags&^(svcFlagPersistent|svcFlagHashed|svcFlagSchedFallback) != 0 {
 		if err := b.ipvs.UpdateService(svc); err != nil {
