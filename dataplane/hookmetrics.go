@@ -35,32 +35,26 @@ const (
 
 func newHookMetrics() *hookMetrics {
 	return &hookMetrics{
-		announced: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_announced_ips",
-			Help: "IPs this node's provider (bgp, l2) announces now, or the webhook sender last sent (webhook, on the leader). " +
+		announced: newGaugeVec("onehop_announced_ips",
+			"IPs this node's provider (bgp, l2) announces now, or the webhook sender last sent (webhook, on the leader). "+
 				"Desired state: a BGP router may not have converged on it yet.",
-		}, []string{"provider"}),
-		sessionUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_bgp_session_up",
-			Help: "1 while this node's BGP session with the peer is established, 0 while it is not; no series for a peer not configured here.",
-		}, []string{"peer"}),
-		prefixes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_bgp_announced_prefixes_total",
-			Help: "Prefixes this node announces on its BGP session with the peer now: every address it announces while the session is established, 0 while not.",
-		}, []string{"peer"}),
-		poolInUse: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_allocator_addresses_in_use_total",
-			Help: "IP addresses of the pool that Services hold, on the holder of the allocator Lease (no series elsewhere).",
-		}, []string{"pool"}),
-		poolTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_allocator_addresses_total",
-			Help: "Usable IP addresses of the pool, on the holder of the allocator Lease (no series elsewhere).",
-		}, []string{"pool"}),
-		webhookReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_webhook_requests_total",
-			Help: "Requests the webhook sender made, each retry counted, by outcome: success (a 2xx answer), " +
+			"provider"),
+		sessionUp: newGaugeVec("onehop_bgp_session_up",
+			"1 while this node's BGP session with the peer is established, 0 while it is not; no series for a peer not configured here.",
+			"peer"),
+		prefixes: newGaugeVec("onehop_bgp_announced_prefixes_total",
+			"Prefixes this node announces on its BGP session with the peer now: every address it announces while the session is established, 0 while not.",
+			"peer"),
+		poolInUse: newGaugeVec("onehop_allocator_addresses_in_use_total",
+			"IP addresses of the pool that Services hold, on the holder of the allocator Lease (no series elsewhere).",
+			"pool"),
+		poolTotal: newGaugeVec("onehop_allocator_addresses_total",
+			"Usable IP addresses of the pool, on the holder of the allocator Lease (no series elsewhere).",
+			"pool"),
+		webhookReqs: newCounterVec("onehop_webhook_requests_total",
+			"Requests the webhook sender made, each retry counted, by outcome: success (a 2xx answer), "+
 				"rejected (another answer) or unreachable (no answer: connection, TLS, timeout).",
-		}, []string{"outcome"}),
+			"outcome"),
 		pools: map[string]bool{},
 	}
 }

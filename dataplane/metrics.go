@@ -75,111 +75,100 @@ func programmingBuckets() []float64 {
 	return b
 }
 
+// newGauge, newGaugeVec, newCounter, newCounterVec and newHistogram make
+// the metrics NewMetrics and newHookMetrics define, from a name, a help
+// text, and a vector's label names or a histogram's buckets.
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+}
+
+func newGaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+}
+
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+}
+
 // NewMetrics creates the metrics and registers them, with the Go runtime
 // and process collectors (go_*, process_*, as kube-proxy exposes), on reg.
 // It panics when one is already registered there, as MustRegister does.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		now: time.Now,
-		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "kubeproxy_sync_proxy_rules_duration_seconds",
-			Help:    "Duration of one sync of the dataplane (full or partial), in seconds.",
-			Buckets: syncBuckets,
-		}),
-		syncFullDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "kubeproxy_sync_full_proxy_rules_duration_seconds",
-			Help:    "Duration of full syncs of the dataplane, in seconds.",
-			Buckets: syncBuckets,
-		}),
-		syncPartialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-			Help:    "Duration of partial syncs of the dataplane, in seconds.",
-			Buckets: syncBuckets,
-		}),
-		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-			Help: "When the dataplane was last synced successfully, in seconds since the epoch.",
-		}),
-		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-			Help: "When a sync of the dataplane was last queued, in seconds since the epoch.",
-		}),
-		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "kubeproxy_network_programming_duration_seconds",
-			Help: "Time from an endpoint change (the EndpointSlice's last-change-trigger-time) " +
+		syncDuration: newHistogram("kubeproxy_sync_proxy_rules_duration_seconds",
+			"Duration of one sync of the dataplane (full or partial), in seconds.",
+			syncBuckets),
+		syncFullDuration: newHistogram("kubeproxy_sync_full_proxy_rules_duration_seconds",
+			"Duration of full syncs of the dataplane, in seconds.",
+			syncBuckets),
+		syncPartialDuration: newHistogram("kubeproxy_sync_partial_proxy_rules_duration_seconds",
+			"Duration of partial syncs of the dataplane, in seconds.",
+			syncBuckets),
+		lastSync: newGauge("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			"When the dataplane was last synced successfully, in seconds since the epoch."),
+		lastQueued: newGauge("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			"When a sync of the dataplane was last queued, in seconds since the epoch."),
+		programming: newHistogram("kubeproxy_network_programming_duration_seconds",
+			"Time from an endpoint change (the EndpointSlice's last-change-trigger-time) "+
 				"to the dataplane carrying it, in seconds.",
-			Buckets: programmingBuckets(),
-		}),
-		endpointChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-			Help: "EndpointSlice changes seen.",
-		}),
-		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kubeproxy_sync_proxy_rules_service_changes_total",
-			Help: "Service changes seen.",
-		}),
-		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-			Help: "Service ports with a Local traffic policy and no local endpoints, after the last sync.",
-		}, []string{"traffic_policy", "ip_family"}),
-		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kubeproxy_proxy_healthz_total",
-			Help: "Answers of /healthz, by HTTP status code.",
-		}, []string{"code"}),
-		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kubeproxy_proxy_livez_total",
-			Help: "Answers of /livez, by HTTP status code.",
-		}, []string{"code"}),
+			programmingBuckets()),
+		endpointChanges: newCounter("kubeproxy_sync_proxy_rules_endpoint_changes_total",
+			"EndpointSlice changes seen."),
+		serviceChanges: newCounter("kubeproxy_sync_proxy_rules_service_changes_total",
+			"Service changes seen."),
+		noLocalEndpoints: newGaugeVec("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+			"Service ports with a Local traffic policy and no local endpoints, after the last sync.",
+			"traffic_policy", "ip_family"),
+		healthz: newCounterVec("kubeproxy_proxy_healthz_total",
+			"Answers of /healthz, by HTTP status code.",
+			"code"),
+		livez: newCounterVec("kubeproxy_proxy_livez_total",
+			"Answers of /livez, by HTTP status code.",
+			"code"),
 
-		rules: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onehop_rules",
-			Help: "Rules in onehop's ruleset after the last successful sync.",
-		}),
-		elements: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "onehop_map_elements",
-			Help: "Map and set elements in onehop's ruleset after the last successful sync.",
-		}),
-		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_syncs_total",
-			Help: "Syncs of the dataplane attempted, by mode (full or partial).",
-		}, []string{"mode"}),
-		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_sync_failures_total",
-			Help: "Syncs of the dataplane that failed (the kernel kept its previous state), by mode.",
-		}, []string{"mode"}),
-		syncCPU: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_sync_cpu_seconds_total",
-			Help: "CPU time the syncs of the dataplane spent, the kernel's work on their messages included " +
+		rules: newGauge("onehop_rules",
+			"Rules in onehop's ruleset after the last successful sync."),
+		elements: newGauge("onehop_map_elements",
+			"Map and set elements in onehop's ruleset after the last successful sync."),
+		syncs: newCounterVec("onehop_syncs_total",
+			"Syncs of the dataplane attempted, by mode (full or partial).",
+			"mode"),
+		syncFailures: newCounterVec("onehop_sync_failures_total",
+			"Syncs of the dataplane that failed (the kernel kept its previous state), by mode.",
+			"mode"),
+		syncCPU: newCounterVec("onehop_sync_cpu_seconds_total",
+			"CPU time the syncs of the dataplane spent, the kernel's work on their messages included "+
 				"(not the time they waited for a CPU), by mode: the duration histograms less this is waiting.",
-		}, []string{"mode"}),
-		changedPortals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onehop_sync_changed_portals_total",
-			Help: "Service ports whose kernel state a successful sync changed.",
-		}),
-		messages: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "onehop_sync_messages_total",
-			Help: "Netlink messages (or commands) sent by successful syncs.",
-		}),
-		servicePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_service_panics_total",
-			Help: "Panics recovered while building one Service's portals (stage build) or rendering " +
+			"mode"),
+		changedPortals: newCounter("onehop_sync_changed_portals_total",
+			"Service ports whose kernel state a successful sync changed."),
+		messages: newCounter("onehop_sync_messages_total",
+			"Netlink messages (or commands) sent by successful syncs."),
+		servicePanics: newCounterVec("onehop_service_panics_total",
+			"Panics recovered while building one Service's portals (stage build) or rendering "+
 				"them in the dataplane (stage render); each left that Service out and gave it an event.",
-		}, []string{"stage"}),
-		serviceProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_service_dataplane_problems_total",
-			Help: "Services, or parts of them, the dataplane could not program as asked while it synced every " +
+			"stage"),
+		serviceProblems: newCounterVec("onehop_service_dataplane_problems_total",
+			"Services, or parts of them, the dataplane could not program as asked while it synced every "+
 				"other Service (each also an event on the Service), by event reason.",
-		}, []string{"reason"}),
+			"reason"),
 		// Shaped as MetalLB's metallb_bgp_session_up (a 0/1 gauge) and
 		// metallb_k8s_client_update_errors_total (a counter of failures).
-		providerUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "onehop_provider_up",
-			Help: "1 while the cloud hook's provider (bgp, l2, webhook, ...) runs and took its last update, 0 while it fails to start or update.",
-		}, []string{"provider"}),
-		providerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "onehop_provider_failures_total",
-			Help: "Failed attempts of the cloud hook's providers, by provider and stage (start or update); each is retried with back-off.",
-		}, []string{"provider", "stage"}),
+		providerUp: newGaugeVec("onehop_provider_up",
+			"1 while the cloud hook's provider (bgp, l2, webhook, ...) runs and took its last update, 0 while it fails to start or update.",
+			"provider"),
+		providerFailures: newCounterVec("onehop_provider_failures_total",
+			"Failed attempts of the cloud hook's providers, by provider and stage (start or update); each is retried with back-off.",
+			"provider", "stage"),
 		hook: newHookMetrics(),
 	}
 	// Series that exist from the start, so that rate() and absent() work

@@ -19,17 +19,13 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	names := b.namesLocked()
-	vipList, err := b.dummyAddrs()
+	vips, err := b.dummyVIPs()
 	if err != nil {
 		return nil, err
 	}
-	vips := map[netip.Addr]bool{}
-	for _, a := range vipList {
-		vips[a] = true
-	}
-	svcs, err := b.ipvs.GetServices()
+	servers, _, err := b.listServers(names, vips)
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: listing services: %w", err)
+		return nil, err
 	}
 	d := &dataplane.Dump{Backend: b.Name()}
 	ports := map[string]*dataplane.DumpPort{}
@@ -37,18 +33,9 @@ func (b *Backend) Dump(ctx context.Context) (*dataplane.Dump, error) {
 	var raw strings.Builder
 	type rawLine struct{ key, text string }
 	var lines []rawLine
-	for _, s := range svcs {
-		v, err := b.readServer(s)
-		if err != nil {
-			return nil, err
-		}
-		if v == nil {
-			continue
-		}
+	for _, ks := range servers {
+		s, v := ks.svc, ks.vs
 		name, ours := names[v.Key.String()]
-		if !ours && !vips[v.Key.Addr] {
-			continue
-		}
 		if !ours {
 			name = stateEntry{Service: "unknown " + v.Key.String(), Kind: kindClusterIP}
 		}

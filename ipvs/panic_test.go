@@ -32,7 +32,7 @@ func TestPlanConfinesAPanicToItsService(t *testing.T) {
 	if got := full.render(in.Cfg, false); got != want {
 		t.Errorf("full plan with the panicking Service differs from the plan without it:\n--- want\n%s\n--- got\n%s", want, got)
 	}
-	if len(full.Panics) != 1 || full.Panics[0].Service != bad || !strings.Contains(full.Panics[0].Err.Where, "plan.go:") {
+	if len(full.Panics) != 1 || full.Panics[0].Service != bad || !strings.Contains(full.Panics[0].Err.Where, "planportal.go:") {
 		t.Errorf("want the panic of %s recorded, got %+v", bad, full.Panics)
 	}
 

@@ -1,9 +1,6 @@
 package ipvs
 
 import (
-	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -57,34 +54,6 @@ type virtualServer struct {
 func (v *virtualServer) sameService(w *virtualServer) bool {
 	return v.Sched == w.Sched && v.Timeout == w.Timeout && v.Fallback == w.Fallback
 }
-
-// rule is one iptables rule in a chain onehop owns. Spec is written in the
-// canonical form `iptables -S` prints it, so that a full sync can compare
-// the kernel's listing with the plan.
-type rule struct {
-	Family portal.Family
-	Table  string
-	Chain  string
-	Spec   []string
-}
-
-func (r rule) key() string {
-	return fmt.Sprintf("%s %s %s %s", r.Family, r.Table, r.Chain, strings.Join(r.Spec, " "))
-}
-
-// Chains onehop owns. Everything it creates starts with chainPrefix.
-const (
-	chainPrefix      = "ONEHOP-"
-	chainPostrouting = "ONEHOP-IPVS-POSTROUTING" // nat: decides masquerade for IPVS traffic
-	chainMasqExt     = "ONEHOP-IPVS-MASQ-EXT"    // nat: external entries that masquerade when nothing else does
-	chainKeepSource  = "ONEHOP-IPVS-KEEP-SOURCE" // nat: Local-policy external entries keep the client address
-	chainHairpin     = "ONEHOP-IPVS-HAIRPIN"     // nat: an endpoint reaching itself through a Service
-	chainInput       = "ONEHOP-IPVS-INPUT"       // filter: source ranges
-	chainOutput      = "ONEHOP-IPVS-OUTPUT"      // filter: source ranges, for the node's own traffic
-	srChainPrefix    = "ONEHOP-SR-"              // filter: a chain per entry, from versions before the ipsets; removed
-	rangeSetPrefix   = "ONEHOP-RANGES-"          // ipset hash:net: a Service's source ranges in one family
-	jumpComment      = "onehop-ipvs"
-)
 
 // plan is the whole desired state, computed from a snapshot without
 // touching the kernel.
@@ -142,20 +111,6 @@ type part struct {
 	Local   []string
 	Allowed []vsKey
 }
-
-type srChain struct {
-	Family portal.Family
-	Rules  [][]string
-}
-
-// rangeSet is one ipset of source ranges: the sorted, distinct networks
-// (hash:net cannot hold a /0, so it holds the two halves instead).
-type rangeSet struct {
-	Family portal.Family
-	Nets   []netip.Prefix
-}
-
-func (s rangeSet) equal(o rangeSet) bool { return s.Family == o.Family && slices.Equal(s.Nets, o.Nets) }
 
 // planInput is what plan needs besides the snapshot.
 type planInput struct {
@@ -231,32 +186,23 @@ func (pl *plan) removeService(k portal.ServiceKey) {
 			delete(pl.Servers, vk)
 		}
 	}
-	for _, a := range pt.VIPs {
-		if pl.VIPRefs[a]--; pl.VIPRefs[a] <= 0 {
-			delete(pl.VIPRefs, a)
-			delete(pl.VIPs, a)
-		}
-	}
-	for _, r := range pt.Rules {
-		if pl.RuleRefs[r]--; pl.RuleRefs[r] <= 0 {
-			delete(pl.RuleRefs, r)
-			delete(pl.Rules, r)
-		}
-	}
-	for _, c := range pt.Sets {
-		if pl.SetRefs[c]--; pl.SetRefs[c] <= 0 {
-			delete(pl.SetRefs, c)
-			delete(pl.Sets, c)
-		}
-	}
+	release(pl.VIPs, pl.VIPRefs, pt.VIPs)
+	release(pl.Rules, pl.RuleRefs, pt.Rules)
+	release(pl.Sets, pl.SetRefs, pt.Sets)
 	for _, l := range pt.Local {
 		delete(pl.Local, l)
 		delete(pl.Topology, l)
 	}
-	for _, k := range pt.Allowed {
-		if pl.AllowedRefs[k]--; pl.AllowedRefs[k] <= 0 {
-			delete(pl.AllowedRefs, k)
-			delete(pl.Allowed, k)
+	release(pl.Allowed, pl.AllowedRefs, pt.Allowed)
+}
+
+// release drops a part's reference to each of keys, and takes out of m
+// the ones no part refers to any more.
+func release[K comparable, V any](m map[K]V, refs map[K]int, keys []K) {
+	for _, k := range keys {
+		if refs[k]--; refs[k] <= 0 {
+			delete(refs, k)
+			delete(m, k)
 		}
 	}
 }
@@ -292,27 +238,20 @@ func (pl *plan) subset(t *touched) *plan {
 			out.Servers[k] = &c
 		}
 	}
-	for a := range t.vips {
-		if pl.VIPs[a] {
-			out.VIPs[a] = true
-		}
-	}
-	for r := range t.rules {
-		if x, ok := pl.Rules[r]; ok {
-			out.Rules[r] = x
-		}
-	}
-	for c := range t.sets {
-		if x, ok := pl.Sets[c]; ok {
-			out.Sets[c] = x
-		}
-	}
-	for k := range t.allowed {
-		if pl.Allowed[k] {
-			out.Allowed[k] = true
-		}
-	}
+	copyKeys(out.VIPs, pl.VIPs, t.vips)
+	copyKeys(out.Rules, pl.Rules, t.rules)
+	copyKeys(out.Sets, pl.Sets, t.sets)
+	copyKeys(out.Allowed, pl.Allowed, t.allowed)
 	return out
+}
+
+// copyKeys copies the entries of from whose keys are in keys into to.
+func copyKeys[K comparable, V any](to, from map[K]V, keys map[K]bool) {
+	for k := range keys {
+		if v, ok := from[k]; ok {
+			to[k] = v
+		}
+	}
 }
 
 // touched is the set of keys an incremental sync looks at.
@@ -332,20 +271,17 @@ func (t *touched) addPart(pt *part) {
 	if pt == nil {
 		return
 	}
-	for _, k := range pt.Servers {
-		t.servers[k] = true
-	}
-	for _, a := range pt.VIPs {
-		t.vips[a] = true
-	}
-	for _, r := range pt.Rules {
-		t.rules[r] = true
-	}
-	for _, c := range pt.Sets {
-		t.sets[c] = true
-	}
-	for _, k := range pt.Allowed {
-		t.allowed[k] = true
+	addKeys(t.servers, pt.Servers)
+	addKeys(t.vips, pt.VIPs)
+	addKeys(t.rules, pt.Rules)
+	addKeys(t.sets, pt.Sets)
+	addKeys(t.allowed, pt.Allowed)
+}
+
+// addKeys puts each of keys in set.
+func addKeys[K comparable](set map[K]bool, keys []K) {
+	for _, k := range keys {
+		set[k] = true
 	}
 }
 
@@ -361,344 +297,4 @@ func buildPlan(in planInput, services map[portal.ServiceKey]*portal.Service) *pl
 		pl.addService(in, k, services[k])
 	}
 	return pl
-}
-
-func (pl *plan) addPortal(in planInput, p *portal.Portal, pt *part) {
-	fam := p.Key.Family
-	mark := in.Cfg.MasqueradeMark()
-	internal := p.ClusterEndpoints
-	if p.InternalLocal {
-		internal = p.LocalEndpoints
-	}
-	external := p.ClusterEndpoints
-	if p.ExternalLocal {
-		external = p.LocalEndpoints
-	}
-	var timeout uint32
-	if p.Affinity.TimeoutSeconds > 0 {
-		timeout = p.Affinity.TimeoutSeconds
-	}
-	local := make([]string, 0, len(p.LocalEndpoints))
-	for _, e := range p.LocalEndpoints {
-		local = append(local, e.String())
-	}
-	pl.Local[p.Key.String()] = local
-	if p.Topology != "" {
-		pl.Topology[p.Key.String()] = p.Topology
-	}
-	pt.Local = append(pt.Local, p.Key.String())
-
-	add := func(addr netip.Addr, port uint16, kind string, eps []netip.AddrPort) bool {
-		if portal.FamilyOf(addr) != fam || !addr.IsValid() {
-			return false
-		}
-		addr = addr.Unmap()
-		k := vsKey{Proto: p.Key.Protocol, Addr: addr, Port: port}
-		if old, ok := pl.Servers[k]; ok {
-			pl.Conflicts = append(pl.Conflicts, fmt.Sprintf("%s %s: already used by %s", p.Key, k, old.Portal))
-			pl.Losers[p.Key.Service] = true
-			return false
-		}
-		d := make(map[netip.AddrPort]int, len(eps))
-		for _, e := range eps {
-			d[netip.AddrPortFrom(e.Addr().Unmap(), e.Port())] = 1
-		}
-		sched := in.Sched
-		if p.Scheduler != "" && !in.Refused[p.Scheduler] {
-			sched = p.Scheduler // onehop.io/scheduler on the Service
-		}
-		pl.Servers[k] = &virtualServer{Key: k, Sched: sched, Timeout: timeout, Fallback: hashing(sched), Dests: d, Portal: p.Key, Kind: kind}
-		pt.Servers = append(pt.Servers, k)
-		return true
-	}
-	type ext struct {
-		addr netip.Addr
-		port uint16
-		kind string
-	}
-	var exts []ext
-	for _, ip := range p.ClusterIPs {
-		if add(ip, p.Port, kindClusterIP, internal) {
-			pl.addVIP(ip.Unmap(), pt)
-		}
-	}
-	for _, ip := range p.ExternalIPs {
-		if add(ip, p.Port, kindExternalIP, external) {
-			pl.addVIP(ip.Unmap(), pt)
-			exts = append(exts, ext{ip.Unmap(), p.Port, kindExternalIP})
-		}
-	}
-	for _, ip := range p.LoadBalancerIPs {
-		if add(ip, p.Port, kindLoadBalancer, external) {
-			pl.addVIP(ip.Unmap(), pt)
-			exts = append(exts, ext{ip.Unmap(), p.Port, kindLoadBalancer})
-			if p.HealthCheckNodePort != 0 {
-				pl.addAllowed(vsKey{Proto: portal.TCP, Addr: ip.Unmap(), Port: p.HealthCheckNodePort}, pt)
-			}
-		}
-	}
-	if p.NodePort != 0 {
-		for _, ip := range in.NodeAddrs {
-			if add(ip, p.NodePort, kindNodePort, external) {
-				exts = append(exts, ext{ip.Unmap(), p.NodePort, kindNodePort})
-			}
-		}
-	}
-
-	comment := []string{"-m", "comment", "--comment", p.Key.String()}
-	for _, e := range exts {
-		match := ipvsMatch(p.Key.Protocol, e.addr, e.port)
-		switch {
-		case p.ExternalLocal:
-			// Local policy: the endpoint must see the client's address.
-			pl.addPartRule(rule{fam, "nat", chainKeepSource, concat(match, comment, markClear(mark))}, pt)
-		case len(in.Cfg.ClusterCIDRs) == 0 && !in.Cfg.MasqueradeAll:
-			// Nothing masquerades by default: external traffic under the
-			// Cluster policy must, or replies from other nodes bypass us.
-			pl.addPartRule(rule{fam, "nat", chainMasqExt, concat(match, comment, markSet(mark))}, pt)
-		}
-		if len(p.SourceRanges) > 0 && (e.kind == kindLoadBalancer || (e.kind == kindNodePort && in.Cfg.SourceRangesOnNodePorts)) {
-			// One set lookup per entry, whatever the number of ranges:
-			// packets from outside the Service's set are dropped.
-			set := pl.addRangeSet(p, pt)
-			notInSet := []string{"-m", "set", "!", "--match-set", set, "src", "-j", "DROP"}
-			pl.addPartRule(rule{fam, "filter", chainInput, concat(destMatch(p.Key.Protocol, e.addr, e.port), comment, notInSet)}, pt)
-			if !anyInRanges(in.NodeAddrs, p.SourceRanges) {
-				// The node's own connections never pass INPUT: IPVS takes
-				// them at LOCAL_OUT, and OUTPUT sees them scheduled. The
-				// set match keeps the packets of allowed clients, which
-				// IPVS sends out through OUTPUT too.
-				pl.addPartRule(rule{fam, "filter", chainOutput, concat(ipvsMatch(p.Key.Protocol, e.addr, e.port), comment, notInSet)}, pt)
-			}
-		}
-	}
-	// Hairpin: an endpoint on this node reaching itself through the Service
-	// must see the node as source, or it would answer itself directly. The
-	// model lists this node's endpoints among the chosen ones in Hairpin
-	// (LocalEndpoints only under a Local policy).
-	hairpin := slices.Clone(p.Hairpin)
-	for _, e := range p.LocalEndpoints {
-		hairpin = append(hairpin, e.Addr())
-	}
-	for _, a := range hairpin {
-		a = a.Unmap()
-		if portal.FamilyOf(a) != fam {
-			continue
-		}
-		pfx := netip.PrefixFrom(a, a.BitLen()).String()
-		pl.addPartRule(rule{fam, "nat", chainHairpin, []string{"-s", pfx, "-d", pfx, "-j", "MARK", "--set-xmark", hexMark(mark, mark)}}, pt)
-	}
-}
-
-// anyInRanges reports whether one of the node's addresses is inside one of
-// the source ranges: then the node may reach the Service (as kube-proxy).
-func anyInRanges(node []netip.Addr, ranges []netip.Prefix) bool {
-	for _, a := range node {
-		for _, r := range ranges {
-			if r.IsValid() && r.Masked().Contains(a.Unmap()) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// hashing reports whether sched picks a destination by hashing the client
-// (source or Maglev hashing). Without the fallback flag they refuse a
-// client whose destination is at weight 0, and a draining destination keeps
-// its share of the hash table until it is deleted.
-func hashing(sched string) bool { return sched == "sh" || sched == "mh" }
-
-func (pl *plan) addRule(r rule) { pl.Rules[r.key()] = r }
-
-// ipvsMatch matches packets IPVS scheduled through virtual server addr:port,
-// as `iptables -S` prints it.
-func ipvsMatch(proto portal.Protocol, addr netip.Addr, port uint16) []string {
-	return []string{"-m", "ipvs", "--vproto", fmt.Sprint(uint8(proto)), "--vaddr", addr.String(), "--vport", fmt.Sprint(port), "--vdir", "ORIGINAL"}
-}
-
-// destMatch matches packets to addr:port before IPVS sees them.
-func destMatch(proto portal.Protocol, addr netip.Addr, port uint16) []string {
-	p := proto.String()
-	return []string{"-d", netip.PrefixFrom(addr, addr.BitLen()).String(), "-p", p, "-m", p, "--dport", fmt.Sprint(port)}
-}
-
-func markSet(mark uint32) []string   { return []string{"-j", "MARK", "--set-xmark", hexMark(mark, mark)} }
-func markClear(mark uint32) []string { return []string{"-j", "MARK", "--set-xmark", hexMark(0, mark)} }
-func hexMark(v, m uint32) string     { return fmt.Sprintf("%#x/%#x", v, m) }
-
-func concat(parts ...[]string) []string {
-	var out []string
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
-
-// addRangeSet adds (or refers again to) the set of p's source ranges and
-// returns its name. It is named for the Service and family, so that a change
-// of ranges is a diff of its elements; a portal of the same Service and
-// family with other ranges (the builder never makes one) gets its own.
-func (pl *plan) addRangeSet(p *portal.Portal, pt *part) string {
-	rs := rangeSet{Family: p.Key.Family}
-	for _, r := range p.SourceRanges {
-		r = r.Masked()
-		if !r.IsValid() || portal.FamilyOf(r.Addr()) != p.Key.Family || r.Addr().Is4In6() {
-			continue // another family's, or not expressible in the set: left out, so not allowed
-		}
-		if r.Bits() == 0 { // hash:net refuses /0: the two halves
-			lo, hi := splitZero(r.Addr().BitLen())
-			rs.Nets = append(rs.Nets, lo, hi)
-			continue
-		}
-		rs.Nets = append(rs.Nets, r)
-	}
-	slices.SortFunc(rs.Nets, comparePrefix)
-	rs.Nets = slices.Compact(rs.Nets)
-	name := rangeSetName(p.Key.Service.String(), p.Key.Family)
-	if old, ok := pl.Sets[name]; ok && !old.equal(rs) {
-		name = rangeSetName(p.Key.String(), p.Key.Family)
-	}
-	if !slices.Contains(pt.Sets, name) {
-		pl.Sets[name] = rs
-		pl.SetRefs[name]++
-		pt.Sets = append(pt.Sets, name)
-	}
-	return name
-}
-
-func splitZero(bits int) (netip.Prefix, netip.Prefix) {
-	if bits == 32 {
-		return netip.MustParsePrefix("0.0.0.0/1"), netip.MustParsePrefix("128.0.0.0/1")
-	}
-	return netip.MustParsePrefix("::/1"), netip.MustParsePrefix("8000::/1")
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-}
-
-// rangeSetName is ONEHOP-RANGES- and 16 hex digits (ipset names have at
-// most 31 characters).
-func rangeSetName(owner string, fam portal.Family) string {
-	h := sha256.Sum256([]byte(owner + " " + fam.String()))
-	return rangeSetPrefix + strings.ToUpper(hex.EncodeToString(h[:])[:16])
-}
-
-// postroutingRules is the fixed, ordered content of ONEHOP-IPVS-POSTROUTING:
-// the mark bit is set when the packet should be masqueraded, cleared when it
-// must keep its source, and the last rules masquerade what is still marked.
-func postroutingRules(cfg dataplane.Config, fam portal.Family, randomFully bool) [][]string {
-	mark := cfg.MasqueradeMark()
-	rs := [][]string{{"-m", "ipvs", "!", "--ipvs", "-j", "RETURN"}}
-	if cfg.MasqueradeAll || len(cfg.ClusterCIDRs) > 0 {
-		rs = append(rs, markSet(mark))
-	}
-	if !cfg.MasqueradeAll {
-		for _, c := range cfg.ClusterCIDRs {
-			if c.Addr().Is4() == (fam == portal.IPv4) {
-				rs = append(rs, concat([]string{"-s", c.Masked().String()}, markClear(mark)))
-			}
-		}
-	}
-	rs = append(rs,
-		[]string{"-j", chainMasqExt},
-		[]string{"-j", chainKeepSource},
-		[]string{"-j", chainHairpin},
-		[]string{"-m", "mark", "!", "--mark", hexMark(mark, mark), "-j", "RETURN"},
-		markClear(mark))
-	masq := []string{"-j", "MASQUERADE"}
-	if randomFully {
-		masq = append(masq, "--random-fully")
-	}
-	return append(rs, masq)
-}
-
-// render writes the plan for people and golden files: ipvsadm-like virtual
-// servers, then the iptables rules per chain.
-func (pl *plan) render(cfg dataplane.Config, randomFully bool) string {
-	var b strings.Builder
-	b.WriteString(renderServers(pl.Servers, false))
-	for _, fam := range []portal.Family{portal.IPv4, portal.IPv6} {
-		fmt.Fprintf(&b, "\n# %s nat %s\n", fam, chainPostrouting)
-		for _, r := range postroutingRules(cfg, fam, randomFully) {
-			fmt.Fprintf(&b, "-A %s %s\n", chainPostrouting, strings.Join(r, " "))
-		}
-		fmt.Fprintf(&b, "# %s filter %s\n", fam, chainFilter)
-		for _, r := range filterRules(fam) {
-			fmt.Fprintf(&b, "-A %s %s\n", chainFilter, strings.Join(r, " "))
-		}
-		for _, line := range pl.ruleLines(fam) {
-			b.WriteString(line)
-		}
-	}
-	var vips []string
-	for a := range pl.VIPs {
-		vips = append(vips, a.String())
-	}
-	slices.Sort(vips)
-	fmt.Fprintf(&b, "\n# addresses on %s\n%s\n", DummyInterface, strings.Join(vips, "\n"))
-	for _, c := range pl.Conflicts {
-		fmt.Fprintf(&b, "# conflict: %s\n", c)
-	}
-	return b.String()
-}
-
-func (pl *plan) ruleLines(fam portal.Family) []string {
-	var lines []string
-	for _, r := range pl.Rules {
-		if r.Family == fam {
-			lines = append(lines, fmt.Sprintf("%s -A %s %s\n", r.Table, r.Chain, strings.Join(r.Spec, " ")))
-		}
-	}
-	slices.Sort(lines)
-	for _, name := range sortedKeys(pl.Sets) {
-		if c := pl.Sets[name]; c.Family == fam {
-			lines = append(lines, fmt.Sprintf("ipset %s hash:net %s\n", name, strings.Join(prefixStrings(c.Nets), " ")))
-		}
-	}
-	return lines
-}
-
-func prefixStrings(ps []netip.Prefix) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.String()
-	}
-	return out
-}
-
-// renderServers writes virtual servers like `ipvsadm -Ln`, sorted; with
-// labels, each line names the Service port it belongs to.
-func renderServers(servers map[vsKey]*virtualServer, withCounters bool) string {
-	vs := make([]*virtualServer, 0, len(servers))
-	for _, v := range servers {
-		vs = append(vs, v)
-	}
-	slices.SortFunc(vs, func(a, b *virtualServer) int {
-		return cmp.Or(cmp.Compare(a.Key.Proto, b.Key.Proto), a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Port, b.Key.Port))
-	})
-	var b strings.Builder
-	for _, v := range vs {
-		fmt.Fprintf(&b, "%s %s", v.Key, v.Sched)
-		if v.Timeout > 0 {
-			fmt.Fprintf(&b, " persistent %d", v.Timeout)
-		}
-		if v.Fallback {
-			b.WriteString(" fallback")
-		}
-		if v.Portal.Service.Name != "" {
-			fmt.Fprintf(&b, "  # %s %s", v.Portal, v.Kind)
-		}
-		b.WriteString("\n")
-		ds := make([]netip.AddrPort, 0, len(v.Dests))
-		for d := range v.Dests {
-			ds = append(ds, d)
-		}
-		slices.SortFunc(ds, netip.AddrPort.Compare)
-		for _, d := range ds {
-			fmt.Fprintf(&b, "  -> %s Masq %d\n", d, v.Dests[d])
-		}
-	}
-	return b.String()
 }

@@ -2,6 +2,7 @@ package semantics_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"testing"
@@ -110,4 +111,11 @@ func podNames(pods []*netns.Pod) []string {
 		out = append(out, p.Name)
 	}
 	return out
+}
+
+// isDrop reports whether err is a timeout (packets dropped) rather than a
+// refusal.
+func isDrop(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
