@@ -1,4 +1,4 @@
-// Package semantics holds the end-to-end tests of issue 4's Service
+// Package semantics holds the end-to-end tests of the Service
 // semantics on the namespace cluster (package test/netns): session
 // affinity, externalTrafficPolicy Local with the client's address seen by
 // the pod, health-check node ports, terminating-endpoint fallback,

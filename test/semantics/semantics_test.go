@@ -7,7 +7,7 @@ import (
 	"github.com/onehop/onehop/test/netns"
 )
 
-// TestSemantics runs issue 4's end-to-end cases against one namespace
+// TestSemantics runs the Service semantics cases against one namespace
 // cluster: two nodes with two pods each, real kube-apiserver, real agents.
 // Latencies (API write -> traffic following) are logged, never asserted.
 func TestSemantics(t *testing.T) {
