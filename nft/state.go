@@ -28,7 +28,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop6"
+const layoutVersion = "onehop7"
 
 // ruleTag is the user data of a chain's rules: the layout, the chain's id
 // and a hash (FNV-1a, 64 bits) of what its rules are made from.
@@ -214,7 +214,7 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 		if have == nil {
 			continue // created by the sync
 		}
-		if have.keyLen != want.KeyType.Bytes || have.isMap() != want.IsMap {
+		if !sameSetTypes(have, want) {
 			return nil, fmt.Errorf("set %s has another type than this version uses", want.Name)
 		}
 		n := 0
@@ -241,6 +241,21 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 		k.elems[name] = els
 	}
 	return k, nil
+}
+
+// sameSetTypes reports whether the kernel's set have is declared as want:
+// the same key (its type and length, and the user data that declares how
+// nft prints it: a layout can change a key's type and keep its length),
+// and for a map the same data.
+func sameSetTypes(have *setDecl, want *nftables.Set) bool {
+	if have.keyType != want.KeyType.GetNFTMagic() || have.keyLen != want.KeyType.Bytes ||
+		have.isMap() != want.IsMap || !bytes.Equal(have.udata, setUserData(want)) {
+		return false
+	}
+	if want.IsMap && !isVerdictType(want.DataType) {
+		return have.dataType == want.DataType.GetNFTMagic() && have.dataLen == want.DataType.Bytes
+	}
+	return true
 }
 
 // elemEqual reports whether a wanted element (want) and one read back from

@@ -20,9 +20,11 @@ import (
 type tx struct {
 	b    *Backend
 	conn *nftables.Conn
-	// sender, when set, takes the transaction's set elements as messages
-	// of onehop's own (elemMessage), between the library's.
+	// sender holds the library's messages, so that messages of onehop's
+	// own (sets and their elements: appendOwn) go between them, and sends
+	// them all at commit.
 	sender *batchSender
+	setIDs uint32 // the last set id allocated (addSet)
 	full   bool
 
 	services  map[portal.ServiceKey]*appliedService // nil value: deleted
@@ -85,9 +87,11 @@ func (t *tx) claimWaiting() {
 	}
 }
 
-func (b *Backend) newTx(conn *nftables.Conn, full bool) *tx {
+// newTx starts a transaction that builds its messages on conn and sends
+// them through sender (newTxConn).
+func (b *Backend) newTx(conn *nftables.Conn, sender *batchSender, full bool) *tx {
 	return &tx{
-		b: b, conn: conn, full: full,
+		b: b, conn: conn, sender: sender, full: full,
 		services:  map[portal.ServiceKey]*appliedService{},
 		owners:    map[string]*portal.PortKey{},
 		refD:      map[string]int{},

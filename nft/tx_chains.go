@@ -41,7 +41,7 @@ func (t *tx) chainRules(name string, body chainBody) {
 	if body.shortCircuit != "" {
 		for _, p := range t.b.cfg.ClusterCIDRs {
 			if portal.FamilyOf(p.Addr()) == f {
-				add(cat(matchPrefix(f, false, p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
+				add(cat(matchFamily(f), matchPrefix(f, false, p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
 			}
 		}
 		add(cat(matchLocalSource(), setMarkBits(markBits), []expr.Any{verdict(expr.VerdictGoto, body.shortCircuit)}))
@@ -62,13 +62,13 @@ func (t *tx) chainRules(name string, body chainBody) {
 		} else {
 			// dnat to id . numgen random mod N map @endpoints<f>-<shard>
 			add([]expr.Any{counter(),
-				&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+				loadChainID(id),
 				&expr.Numgen{Register: reg32After(4), Modulus: uint32(n), Type: unix.NFT_NG_RANDOM},
 				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setEndpoints(f, id)},
 				dnatFrom(f, reg1)})
 		}
 		for i, ep := range body.slots() {
-			t.addEndpoint(f, id, i, ep)
+			t.addEndpoint(name, f, id, i, ep)
 		}
 	}
 }
@@ -89,7 +89,7 @@ func (t *tx) emitRules(chain string, rules []pendingRule, tag []byte) {
 	for _, r := range rules {
 		exprs := r.exprs
 		if r.anon != nil {
-			if err := t.conn.AddSet(r.anon, r.anonElems); err != nil {
+			if err := t.addSet(r.anon, r.anonElems); err != nil {
 				t.err = err
 				return
 			}
@@ -131,7 +131,7 @@ func (t *tx) affinityRules(name string, body chainBody) []pendingRule {
 	for i, ep := range body.endpoints {
 		setName, chain := objs[ep][0], objs[ep][1]
 		t.affinityEndpoint(f, setName, chain, ep, body.affinity)
-		rules = append(rules, pendingRule{exprs: []expr.Any{loadAddr(f, false, reg1), lookup(setName, false), verdict(expr.VerdictGoto, chain)}})
+		rules = append(rules, pendingRule{exprs: cat(matchFamily(f), []expr.Any{loadAddr(f, false, reg1), lookup(setName, false), verdict(expr.VerdictGoto, chain)})})
 		vmElems = append(vmElems, nftables.SetElement{Key: numgenKey(uint32(i)), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
 	}
 	vm := &nftables.Set{Table: t.b.table, Anonymous: true, Constant: true, IsMap: true,
@@ -167,7 +167,7 @@ func (t *tx) affinityEndpoint(f portal.Family, setName, chain string, ep netip.A
 	d := time.Duration(timeout) * time.Second
 	if !haveSet {
 		set := &nftables.Set{Table: t.b.table, Name: setName, HasTimeout: true, Dynamic: true, Timeout: d, KeyType: addrType(f)}
-		if err := t.conn.AddSet(set, nil); err != nil {
+		if err := t.addSet(set, nil); err != nil {
 			t.err = err
 			return
 		}
@@ -180,20 +180,22 @@ func (t *tx) affinityEndpoint(f portal.Family, setName, chain string, ep netip.A
 		t.conn.AddChain(ch)
 	}
 	al := addrLen(f)
-	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: []expr.Any{
+	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: cat(matchFamily(f), []expr.Any{
 		loadAddr(f, false, reg1),
 		&expr.Dynset{SrcRegKey: reg1, SetName: setName, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: d},
 		counter(),
 		&expr.Immediate{Register: reg1, Data: addrBytes(ep.Addr())},
 		&expr.Immediate{Register: reg32After(al), Data: portBytes(ep.Port())},
 		dnatFrom(f, reg1),
-	}})
+	})})
 	t.stats.Messages += 2
 }
 
-func (t *tx) addEndpoint(f portal.Family, id uint32, i int, ep netip.AddrPort) {
+// addEndpoint adds element i of chain's endpoints (its id . i : ep), with
+// the chain's name as its comment, which says whose endpoint it is.
+func (t *tx) addEndpoint(chain string, f portal.Family, id uint32, i int, ep netip.AddrPort) {
 	s := setEndpoints(f, id)
-	t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep)})
+	t.addElems[s] = append(t.addElems[s], nftables.SetElement{Key: epKey(id, i), Val: addrPortVal(ep), Comment: chain})
 }
 
 func (t *tx) delEndpoint(f portal.Family, id uint32, i int) {
@@ -224,6 +226,6 @@ func (t *tx) updateEndpoints(name string, old, body chainBody) {
 			continue
 		}
 		t.delEndpoint(body.family, id, i)
-		t.addEndpoint(body.family, id, i, ep)
+		t.addEndpoint(name, body.family, id, i, ep)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
@@ -74,14 +75,6 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 	if t.kernel != nil {
 		t.reconcileKernel()
 	}
-	if t.sender != nil {
-		// From here the library's messages are held, so that the
-		// elements, encoded by onehop, go between them in order.
-		t.sender.hold = true
-		if err := t.conn.Flush(); err != nil {
-			return t.stats, err
-		}
-	}
 	if err := t.setElems(t.delElems, false); err != nil {
 		return t.stats, err
 	}
@@ -113,7 +106,7 @@ func (t *tx) commit() (dataplane.SyncStats, error) {
 
 	if t.stats.Messages > 0 {
 		err := t.conn.Flush()
-		if err == nil && t.sender != nil {
+		if err == nil {
 			err = t.sender.sendHeld()
 		}
 		if err != nil {
@@ -151,20 +144,45 @@ func (t *tx) sendElems(set *nftables.Set, els []nftables.SetElement, add bool) e
 		chunk := els[:n]
 		els = els[n:]
 		t.stats.Messages++
-		if t.sender != nil && t.sender.hold {
-			t.sender.appendHeld(elemMessage(set, chunk, add))
-			continue
-		}
-		var err error
-		if add {
-			err = t.conn.SetAddElements(set, chunk)
-		} else {
-			err = t.conn.SetDeleteElements(set, chunk)
-		}
-		if err != nil {
+		if err := t.appendOwn(elemMessage(set, chunk, add)); err != nil {
 			return fmt.Errorf("set %s: %w", set.Name, err)
 		}
 	}
+	return nil
+}
+
+// addSet creates s, with els when it is constant (an anonymous set), in a
+// message of onehop's own (setMessage): the library cannot declare the
+// types nft prints a set's keys by (setUserData). Sets get their ids,
+// which elements and lookups in the same transaction may refer to, from
+// the transaction.
+func (t *tx) addSet(s *nftables.Set, els []nftables.SetElement) error {
+	t.setIDs++
+	s.ID = t.setIDs
+	if s.Anonymous {
+		s.Name = "__set%d" // the kernel numbers it
+		if s.IsMap {
+			s.Name = "__map%d"
+		}
+	}
+	m, err := setMessage(s, len(els), setUserData(s))
+	if err != nil {
+		return err
+	}
+	msgs := []netlink.Message{m}
+	if len(els) > 0 {
+		msgs = append(msgs, elemMessage(s, els, true))
+	}
+	return t.appendOwn(msgs...)
+}
+
+// appendOwn adds messages of onehop's own to the transaction, after the
+// library's messages so far.
+func (t *tx) appendOwn(msgs ...netlink.Message) error {
+	if err := t.conn.Flush(); err != nil { // the sender holds them
+		return err
+	}
+	t.sender.appendHeld(msgs...)
 	return nil
 }
 

@@ -25,7 +25,7 @@ func (t *tx) writeFixed(replace bool) error {
 	}
 	for _, s := range fixedSets(tb) {
 		t.b.sets[s.Name] = s
-		if err := c.AddSet(s, nil); err != nil {
+		if err := t.addSet(s, nil); err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
 	}
@@ -61,7 +61,7 @@ func (t *tx) reconcileFixed() error {
 	for _, s := range fixedSets(tb) {
 		t.b.sets[s.Name] = s
 		if k.sets[s.Name] == nil {
-			if err := t.conn.AddSet(s, nil); err != nil {
+			if err := t.addSet(s, nil); err != nil {
 				return fmt.Errorf("set %s: %w", s.Name, err)
 			}
 			t.stats.Messages++
