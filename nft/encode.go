@@ -93,7 +93,10 @@ func decodeAddrPortVal(f portal.Family, b []byte) (netip.AddrPort, bool) {
 
 // epKey encodes chain id . index, both as numgen leaves them (host order):
 // the rule loads its chain's id with numgen (loadChainID).
-func epKey(id uint32, i int) []byte { return append(numgenKey(id), numgenKey(uint32(i))...) }
+func epKey(id uint32, i int) []byte {
+	b := binary.NativeEndian.AppendUint32(make([]byte, 0, 8), id)
+	return binary.NativeEndian.AppendUint32(b, uint32(i))
+}
 
 // rangeElements encodes source ranges as the elements of an interval set:
 // the ranges are merged where they overlap or touch (the kernel refuses

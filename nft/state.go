@@ -359,6 +359,7 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 		return nil, fmt.Errorf("dump set %s: %w", set, err)
 	}
 	out := make([]nftables.SetElement, 0, sizeHint)
+	comments := map[string]string{}
 	for {
 		var n int
 		var rerr error
@@ -394,7 +395,7 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 				return nil
 			}
 			var err error
-			out, err = decodeElements(out, data[4:])
+			out, err = decodeElements(out, data[4:], comments)
 			return err
 		})
 		switch {
@@ -410,8 +411,10 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 
 // decodeElements appends the elements of one NFT_MSG_NEWSETELEM message
 // to out: key, data and verdict (as raw verdict attributes in Val, as the
-// library returns them). Keys and values point into b.
-func decodeElements(out []nftables.SetElement, b []byte) ([]nftables.SetElement, error) {
+// library returns them). Keys and values point into b. A comment seen
+// before, in comments (nil: none kept), is shared: the elements of an
+// endpoint map name their chain, one comment for all its endpoints.
+func decodeElements(out []nftables.SetElement, b []byte, comments map[string]string) ([]nftables.SetElement, error) {
 	value := func(b []byte, dst *[]byte, verdict **expr.Verdict) error {
 		return walkAttrs(b, func(typ uint16, d []byte) error {
 			switch {
@@ -435,7 +438,12 @@ func decodeElements(out []nftables.SetElement, b []byte) ([]nftables.SetElement,
 			case unix.NFTA_SET_ELEM_KEY:
 				return value(d, &e.Key, nil)
 			case unix.NFTA_SET_ELEM_USERDATA:
-				e.Comment, _ = userdata.GetString(d, userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
+				c := bytes.TrimSuffix(userdata.Get(d, userdata.NFTNL_UDATA_SET_ELEM_COMMENT), []byte{0})
+				if s, ok := comments[string(c)]; ok {
+					e.Comment = s
+				} else if e.Comment = string(c); comments != nil {
+					comments[e.Comment] = e.Comment
+				}
 			case unix.NFTA_SET_ELEM_DATA:
 				return value(d, &e.Val, &e.VerdictData)
 			}
