@@ -47,7 +47,7 @@ func elementsMessage(t *testing.T) []byte {
 }
 
 func TestDecodeElements(t *testing.T) {
-	els, err := decodeElements(nil, elementsMessage(t))
+	els, err := decodeElements(nil, elementsMessage(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestDecodeElementsTruncated(t *testing.T) {
 	msg := elementsMessage(t)
 	for n := range len(msg) {
 		cut := bytes.Clone(msg[:n])
-		els, err := decodeElements(nil, cut)
+		els, err := decodeElements(nil, cut, nil)
 		if err == nil && len(els) == 2 && n < len(msg)-4 {
 			t.Errorf("cut at %d of %d: decoded both elements without an error", n, len(msg))
 		}

@@ -143,8 +143,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if readBack {
 		b.ids, b.freeIDs, b.nextID = map[string]uint32{}, nil, 1
 	}
-	t := b.newTx(txConn, readBack)
-	t.sender = sender
+	t := b.newTx(txConn, sender, readBack)
 	if readBack {
 		t.presize(snap)
 		if err := b.prepareFull(t, conn); err != nil {

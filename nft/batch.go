@@ -21,13 +21,12 @@ import (
 // message, sends the batch on a real socket, waits for that last ack (or
 // the errors), and hands nftables the acknowledgements it expects.
 //
-// In hold mode, a Flush sends nothing: the library's messages are kept,
-// messages built outside it (elemMessage) can be added after them, and
+// A Flush sends nothing: the library's messages are kept, messages built
+// outside it (setMessage, elemMessage) can be added after them, and
 // sendHeld sends all of them, in order, as one transaction.
 type batchSender struct {
 	socks   *sockets
 	pending []netlink.Message
-	hold    bool
 	held    []netlink.Message
 }
 
@@ -40,8 +39,8 @@ func newTxConn(socks *sockets) (*nftables.Conn, *batchSender, error) {
 	return c, s, err
 }
 
-// appendHeld adds messages to what a hold-mode sender keeps, after the
-// library's messages flushed so far.
+// appendHeld adds messages to what the sender keeps, after the library's
+// messages flushed so far.
 func (s *batchSender) appendHeld(ms ...netlink.Message) { s.held = append(s.held, ms...) }
 
 // sendHeld sends the held messages as one transaction and returns the
@@ -87,8 +86,8 @@ func isBatchMarker(m netlink.Message) bool {
 	return t == nfnlBatchBegin || t == nfnlBatchEnd
 }
 
-// exchange implements nltest.Func: a request is a batch to send; a nil
-// request is nftables reading its next acknowledgement.
+// exchange implements nltest.Func: a request is a batch to hold (sendHeld
+// sends it); a nil request is nftables reading its next acknowledgement.
 func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if req == nil {
 		if len(s.pending) == 0 {
@@ -99,18 +98,11 @@ func (s *batchSender) exchange(req []netlink.Message) ([]netlink.Message, error)
 		return []netlink.Message{m}, nil
 	}
 	var acks []netlink.Message
-	if s.hold {
-		s.held = slices.Grow(s.held, len(req))
-		for _, m := range req {
-			if !isBatchMarker(m) {
-				s.held = append(s.held, m)
-				acks = append(acks, ackFor(m, 0))
-			}
-		}
-	} else {
-		var err error
-		if acks, _, err = s.sendFailure(req); err != nil {
-			return nil, err
+	s.held = slices.Grow(s.held, len(req))
+	for _, m := range req {
+		if !isBatchMarker(m) {
+			s.held = append(s.held, m)
+			acks = append(acks, ackFor(m, 0))
 		}
 	}
 	if len(acks) == 0 {

@@ -44,16 +44,23 @@
 // One chain per Service port and family picks an endpoint:
 //
 //	chain svc<f>/...
-//	    counter dnat ip to <id> . numgen random mod 2 map @endpoints<f>-<shard>
+//	    counter dnat ip to numgen random mod 1 offset <id> . numgen random mod 2 map @endpoints<f>-<shard>
 //
-// The endpoints of all Service ports are spread over 64 maps per family,
+// The endpoints of all Service ports are spread over 256 maps per family,
 // keyed by the chain's id . the index numgen picks, so that a pod replaced is
-// an element update that touches no rule: <id> . 0 : 10.244.2.2 . 8080 (nft
-// prints the id in the rule as `0x2 [invalid type]` and in the map, a mark
-// in host byte order, as 0x02000000). One endpoint is picked the same way
-// (mod 1): a new rule makes the kernel validate the whole table, which at
-// 10k Services costs more than the rest of the sync, and a one-replica
-// Service whose pod is replaced is the most common change there is.
+// an element update that touches no rule. Each element names its chain:
+//
+//	2 . 0 comment "svc4/demo/web/tcp/http" : 10.244.2.2 . 8080
+//
+// The rule loads the id with a numgen of one value, offset by the id: nft
+// prints a constant loaded into a map's key as `0x2 [invalid type]`, which
+// names nothing. The maps are declared as nft would declare them for such
+// keys, typeof numgen random mod 1 . numgen random mod 1 : ip daddr . th
+// dport, so that nft prints both halves of a key as numbers (typeof.go).
+// One endpoint is picked the same way (mod 1): a new rule makes the kernel
+// validate the whole table, which at 10k Services costs more than the rest
+// of the sync, and a one-replica Service whose pod is replaced is the most
+// common change there is.
 //
 // A Service port that balances by Maglev (the onehop.io/balancing: maglev
 // annotation, or --balancing maglev for all) picks by a hash of the
@@ -62,7 +69,7 @@
 // one element per slot (<id> . <slot> : 10.244.2.2 . 8080):
 //
 //	chain svc<f>/...
-//	    meta nfproto ipv4 counter dnat ip to <id> . jhash ip saddr . th sport . ip daddr . th dport . meta l4proto mod 1021 seed 0x6f6e6568 map @endpoints<f>-<shard>
+//	    meta nfproto ipv4 counter dnat ip to numgen random mod 1 offset <id> . jhash ip saddr . th sport . ip daddr . th dport . meta l4proto mod 1021 seed 0x6f6e6568 map @endpoints<f>-<shard>
 //
 // The table is made from the endpoints alone, so every node that has them
 // sends a flow to the same one: a flow that a router moves to another node

@@ -2,17 +2,13 @@ package nft
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/portal"
@@ -92,114 +88,9 @@ func readKernel(netnsFD int, t *nftables.Table) (*kernelTable, error) {
 		if err != nil {
 			return nil, fmt.Errorf("set %s: %w", s.name, err)
 		}
-		sort.Slice(els, func(i, j int) bool { return string(els[i].Key) < string(els[j].Key) })
-		k.elems[s.name] = els
+		k.elems[s.name] = s.sortElems(els)
 	}
 	return k, nil
-}
-
-// setDecl is a set or map as the kernel declares it.
-type setDecl struct {
-	name     string
-	id       uint32
-	flags    uint32 // NFT_SET_*
-	keyType  uint32 // nft datatype, concatenations 6 bits per field
-	keyLen   uint32
-	dataType uint32 // nftVerdictType for verdict maps
-	dataLen  uint32
-	timeout  time.Duration
-	size     uint32
-}
-
-// nftVerdictType is the data type of verdict maps on the wire.
-const nftVerdictType = 0xffffff00
-
-func (s *setDecl) isMap() bool { return s.flags&unix.NFT_SET_MAP != 0 }
-
-// anonymous sets belong to one rule and are printed inside it.
-func (s *setDecl) anonymous() bool { return s.flags&unix.NFT_SET_ANONYMOUS != 0 }
-
-// listSets reads the declarations of the table's sets. It asks the kernel
-// directly: github.com/google/nftables loses the key type of verdict maps.
-func listSets(netnsFD int, t *nftables.Table) ([]*setDecl, error) {
-	ns := 0
-	if netnsFD >= 0 {
-		ns = netnsFD
-	}
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns})
-	if err != nil {
-		return nil, fmt.Errorf("netlink: %w", err)
-	}
-	defer c.Close()
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_SET_TABLE, Data: []byte(t.Name + "\x00")}})
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSET),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: append([]byte{byte(t.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list sets: %w", err)
-	}
-	var sets []*setDecl
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		s, table, err := decodeSetDecl(m.Data[4:])
-		if err != nil {
-			return nil, fmt.Errorf("list sets: %w", err)
-		}
-		if table == t.Name {
-			sets = append(sets, s)
-		}
-	}
-	return sets, nil
-}
-
-func decodeSetDecl(b []byte) (*setDecl, string, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, "", err
-	}
-	ad.ByteOrder = binary.BigEndian
-	s, table := &setDecl{}, ""
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_SET_TABLE:
-			table = ad.String()
-		case unix.NFTA_SET_NAME:
-			s.name = ad.String()
-		case unix.NFTA_SET_ID:
-			s.id = ad.Uint32()
-		case unix.NFTA_SET_FLAGS:
-			s.flags = ad.Uint32()
-		case unix.NFTA_SET_KEY_TYPE:
-			s.keyType = ad.Uint32()
-		case unix.NFTA_SET_KEY_LEN:
-			s.keyLen = ad.Uint32()
-		case unix.NFTA_SET_DATA_TYPE:
-			s.dataType = ad.Uint32()
-		case unix.NFTA_SET_DATA_LEN:
-			s.dataLen = ad.Uint32()
-		case unix.NFTA_SET_TIMEOUT:
-			s.timeout = time.Duration(ad.Uint64()) * time.Millisecond
-		case unix.NFTA_SET_DESC:
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
-				for nd.Next() {
-					if nd.Type() == unix.NFTA_SET_DESC_SIZE {
-						s.size = nd.Uint32()
-					}
-				}
-				return nil
-			})
-		}
-	}
-	return s, table, ad.Err()
 }
 
 func (k *kernelTable) dump() *dataplane.Dump {
@@ -327,19 +218,25 @@ func ruleCounter(r *nftables.Rule) (uint64, uint64) {
 }
 
 // ruleEndpointElems returns the endpoint map a rule picks from and the
-// elements it can pick (those keyed by the rule's chain id), or "" when the
-// rule picks from no endpoint map. imm holds the rule's immediates.
+// elements it can pick (those keyed by the chain id the rule loads:
+// loadChainID), or "" when the rule picks from no endpoint map. imm holds
+// the rule's immediates.
 func (k *kernelTable) ruleEndpointElems(r *nftables.Rule) (set string, els []nftables.SetElement, imm [][]byte) {
+	var id []byte
 	for _, e := range r.Exprs {
 		switch e := e.(type) {
 		case *expr.Immediate:
 			imm = append(imm, e.Data)
+		case *expr.Numgen:
+			if e.Modulus == 1 && e.Register == reg1 {
+				id = numgenKey(e.Offset)
+			}
 		case *expr.Lookup:
-			if !strings.HasPrefix(e.SetName, "endpoints") || len(imm) != 1 {
+			if !strings.HasPrefix(e.SetName, "endpoints") || id == nil {
 				continue
 			}
 			for _, el := range k.elems[e.SetName] {
-				if len(el.Key) >= 4 && string(el.Key[:4]) == string(imm[0]) {
+				if len(el.Key) >= 4 && string(el.Key[:4]) == string(id) {
 					els = append(els, el)
 				}
 			}

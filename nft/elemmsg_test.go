@@ -10,8 +10,9 @@ import (
 	"github.com/mdlayher/netlink"
 )
 
-// libraryMessage is the message google/nftables builds for els.
-func libraryMessage(t *testing.T, set *nftables.Set, els []nftables.SetElement, add bool) netlink.Message {
+// libraryMessages are the messages google/nftables builds for what build
+// queues.
+func libraryMessages(t *testing.T, build func(c *nftables.Conn) error) []netlink.Message {
 	t.Helper()
 	var got []netlink.Message
 	var pending []netlink.Message
@@ -35,16 +36,26 @@ func libraryMessage(t *testing.T, set *nftables.Set, els []nftables.SetElement, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if add {
-		err = c.SetAddElements(set, els)
-	} else {
-		err = c.SetDeleteElements(set, els)
+	if err := build(c); err != nil {
+		t.Fatalf("library: %v", err)
 	}
-	if err == nil {
-		err = c.Flush()
+	if err := c.Flush(); err != nil {
+		t.Fatalf("library: %v", err)
 	}
-	if err != nil || len(got) != 1 {
-		t.Fatalf("library: %d messages, %v", len(got), err)
+	return got
+}
+
+// libraryMessage is the message google/nftables builds for els.
+func libraryMessage(t *testing.T, set *nftables.Set, els []nftables.SetElement, add bool) netlink.Message {
+	t.Helper()
+	got := libraryMessages(t, func(c *nftables.Conn) error {
+		if add {
+			return c.SetAddElements(set, els)
+		}
+		return c.SetDeleteElements(set, els)
+	})
+	if len(got) != 1 {
+		t.Fatalf("library: %d messages", len(got))
 	}
 	return got[0]
 }

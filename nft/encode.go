@@ -91,11 +91,12 @@ func decodeAddrPortVal(f portal.Family, b []byte) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(b[n:])), true
 }
 
-// epKeyID encodes a chain id, the first half of an endpoint-map key.
-func epKeyID(id uint32) []byte { return binary.BigEndian.AppendUint32(nil, id) }
-
-// epKey encodes chain id . index (the index as numgen leaves it: host order).
-func epKey(id uint32, i int) []byte { return append(epKeyID(id), numgenKey(uint32(i))...) }
+// epKey encodes chain id . index, both as numgen leaves them (host order):
+// the rule loads its chain's id with numgen (loadChainID).
+func epKey(id uint32, i int) []byte {
+	b := binary.NativeEndian.AppendUint32(make([]byte, 0, 8), id)
+	return binary.NativeEndian.AppendUint32(b, uint32(i))
+}
 
 // rangeElements encodes source ranges as the elements of an interval set:
 // the ranges are merged where they overlap or touch (the kernel refuses

@@ -64,6 +64,15 @@ func loadVIPKey(f portal.Family) []expr.Any {
 	return append([]expr.Any{loadAddr(f, true, reg1)}, loadProtoPort(reg32After(addrLen(f)))...)
 }
 
+// loadChainID loads a chain's id into reg 1, the first half of its
+// endpoint-map keys: numgen random mod 1 offset <id>, which is always the
+// offset. An immediate would hold the same bytes, but nft types the fields
+// of a map's key by the expressions that load them, and prints an
+// immediate's as `0x2 [invalid type]`.
+func loadChainID(id uint32) expr.Any {
+	return &expr.Numgen{Register: reg1, Modulus: 1, Offset: id, Type: unix.NFT_NG_RANDOM}
+}
+
 func lookup(set string, invert bool) expr.Any {
 	return &expr.Lookup{SourceRegister: reg1, SetName: set, Invert: invert}
 }

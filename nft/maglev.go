@@ -15,7 +15,7 @@ import (
 // A chain of a Service port that balances by Maglev picks its endpoint
 // from a Maglev lookup table (dataplane.MaglevTable) instead of at random:
 //
-//	counter dnat ip to <id> . jhash ip saddr . th sport . ip daddr . th dport . meta l4proto mod <size> seed <maglevSeed> map @endpoints<f>-<shard>
+//	counter dnat ip to numgen random mod 1 offset <id> . jhash ip saddr . th sport . ip daddr . th dport . meta l4proto mod <size> seed <maglevSeed> map @endpoints<f>-<shard>
 //
 // The endpoint maps hold the table: one element <id> . <slot> per slot,
 // each the endpoint of that slot. The table depends on the endpoints
@@ -50,7 +50,7 @@ func maglevRule(f portal.Family, id uint32, size int) []expr.Any {
 	r := uint32(maglevHashReg)
 	return cat(matchFamily(f), []expr.Any{
 		counter(),
-		&expr.Immediate{Register: reg1, Data: epKeyID(id)},
+		loadChainID(id),
 		loadAddr(f, false, r),
 		&expr.Payload{DestRegister: r + al, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
 		loadAddr(f, true, r+al+1),

@@ -25,7 +25,7 @@ func TestMaglevBodyTagIsPinned(t *testing.T) {
 	b := New(dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, MasqueradeBit: 14})
 	body := chainBody{family: portal.IPv4, maglev: true,
 		endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080"), netip.MustParseAddrPort("10.244.2.3:8080")}}
-	const want = "onehop6 7 5b1b2f09e3afe84d"
+	const want = "onehop7 7 5b1b2f09e3afe84d"
 	if got := string(b.bodyTag(7, body)); got != want {
 		t.Errorf("bodyTag = %q, want %q", got, want)
 	}

@@ -408,7 +408,7 @@ func (d *ruleDecoder) lookup(e *expr.Lookup) {
 		v := &regValue{text: key + " map " + ref, dt: dtHex, size: 4, mapResult: true}
 		if s != nil {
 			v.size = int(s.dataLen)
-			if f := typeFields(s.dataType); len(f) == 1 {
+			if f := s.dataFields(); len(f) == 1 {
 				v.dt = f[0]
 			}
 		}

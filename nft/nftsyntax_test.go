@@ -89,7 +89,7 @@ func TestRulesetTextMatchesNft(t *testing.T) {
 		"ct state new jump noep-check",
 		"numgen random mod 3 vmap {",
 		"update @aff4/demo/sticky/tcp/_@10.244.1.2:8080 {",
-		"@nh,96,32 @aff4/demo/itp/tcp/x@10.244.2.2:8080 goto aep4/demo/itp/tcp/x@10.244.2.2:8080",
+		"ip saddr @aff4/demo/itp/tcp/x@10.244.2.2:8080 goto aep4/demo/itp/tcp/x@10.244.2.2:8080",
 		"snat ip to ip saddr map @pod-snat4",
 		"dnat ip to 10.244.2.2:8080",
 	} {
@@ -231,7 +231,8 @@ func TestNftFormatting(t *testing.T) {
 		{priorityText(-100, *nftables.ChainHookOutput), "-100"},
 		{priorityText(-10, *nftables.ChainHookInput), "filter - 10"},
 		{priorityText(100, *nftables.ChainHookPostrouting), "srcnat"},
-		{valueText(dtIPv4<<12|dtInetProto<<6|dtInetService, 12, vipKey(clusterIP, portal.SCTP, 53)), "10.96.0.10 . sctp . 53"},
+		{valueText([]uint32{dtIPv4, dtInetProto, dtInetService}, vipKey(clusterIP, portal.SCTP, 53)), "10.96.0.10 . sctp . 53"},
+		{valueText([]uint32{dtHostInteger, dtHostInteger}, epKey(7, 300)), "7 . 300"},
 		{bitNames(8|2, ctStateBits), "established,new"},
 	} {
 		if c.got != c.want {

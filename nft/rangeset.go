@@ -105,7 +105,7 @@ func (t *tx) writeRangeSets() error {
 		if !existed || t.kernel == nil || !sameIntervals(want, t.kernel.elems[name]) {
 			if existed {
 				t.conn.FlushSet(set)
-			} else if err := t.conn.AddSet(set, nil); err != nil {
+			} else if err := t.addSet(set, nil); err != nil {
 				return fmt.Errorf("set %s: %w", name, err)
 			}
 			t.stats.Messages++
@@ -142,9 +142,9 @@ func (t *tx) firewallChain(set string, c rangeSetChange) {
 		t.conn.AddChain(ch)
 		t.stats.Messages++
 	}
-	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: []expr.Any{
+	t.conn.AddRule(&nftables.Rule{Table: t.b.table, Chain: ch, UserData: tag, Exprs: cat(matchFamily(c.family), []expr.Any{
 		loadAddr(c.family, false, reg1), lookup(set, true), counter(), verdict(expr.VerdictDrop, ""),
-	}})
+	})})
 	t.stats.Messages++
 }
 

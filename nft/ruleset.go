@@ -45,7 +45,7 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 		)
 		for i := uint32(0); i < endpointShards; i++ {
 			sets = append(sets, &nftables.Set{Table: t, Name: setEndpoints(f, i), IsMap: true, Concatenation: true,
-				KeyType:  nftables.MustConcatSetType(nftables.TypeMark, nftables.TypeMark),
+				KeyType:  endpointKeyType,
 				DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService)})
 		}
 	}

@@ -31,7 +31,7 @@ func TestServiceSafelyConfinesARenderPanic(t *testing.T) {
 	})
 	bad := panicking("bad", netip.MustParseAddr("10.96.0.20"))
 	for _, full := range []bool{true, false} {
-		tx := b.newTx(nil, full)
+		tx := b.newTx(nil, nil, full)
 		if !full {
 			// bad was applied in a good version before.
 			ok := service("bad", func(p *portal.Portal) { p.ClusterIPs = bad.Portals[0].ClusterIPs })

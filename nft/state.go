@@ -28,7 +28,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop6"
+const layoutVersion = "onehop7"
 
 // ruleTag is the user data of a chain's rules: the layout, the chain's id
 // and a hash (FNV-1a, 64 bits) of what its rules are made from.
@@ -214,7 +214,7 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 		if have == nil {
 			continue // created by the sync
 		}
-		if have.keyLen != want.KeyType.Bytes || have.isMap() != want.IsMap {
+		if !sameSetTypes(have, want) {
 			return nil, fmt.Errorf("set %s has another type than this version uses", want.Name)
 		}
 		n := 0
@@ -241,6 +241,21 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 		k.elems[name] = els
 	}
 	return k, nil
+}
+
+// sameSetTypes reports whether the kernel's set have is declared as want:
+// the same key (its type and length, and the user data that declares how
+// nft prints it: a layout can change a key's type and keep its length),
+// and for a map the same data.
+func sameSetTypes(have *setDecl, want *nftables.Set) bool {
+	if have.keyType != want.KeyType.GetNFTMagic() || have.keyLen != want.KeyType.Bytes ||
+		have.isMap() != want.IsMap || !bytes.Equal(have.udata, setUserData(want)) {
+		return false
+	}
+	if want.IsMap && !isVerdictType(want.DataType) {
+		return have.dataType == want.DataType.GetNFTMagic() && have.dataLen == want.DataType.Bytes
+	}
+	return true
 }
 
 // elemEqual reports whether a wanted element (want) and one read back from
@@ -344,6 +359,7 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 		return nil, fmt.Errorf("dump set %s: %w", set, err)
 	}
 	out := make([]nftables.SetElement, 0, sizeHint)
+	comments := map[string]string{}
 	for {
 		var n int
 		var rerr error
@@ -379,7 +395,7 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 				return nil
 			}
 			var err error
-			out, err = decodeElements(out, data[4:])
+			out, err = decodeElements(out, data[4:], comments)
 			return err
 		})
 		switch {
@@ -395,8 +411,10 @@ func (d *elemDumper) dumpOnce(set string, sizeHint int) ([]nftables.SetElement, 
 
 // decodeElements appends the elements of one NFT_MSG_NEWSETELEM message
 // to out: key, data and verdict (as raw verdict attributes in Val, as the
-// library returns them). Keys and values point into b.
-func decodeElements(out []nftables.SetElement, b []byte) ([]nftables.SetElement, error) {
+// library returns them). Keys and values point into b. A comment seen
+// before, in comments (nil: none kept), is shared: the elements of an
+// endpoint map name their chain, one comment for all its endpoints.
+func decodeElements(out []nftables.SetElement, b []byte, comments map[string]string) ([]nftables.SetElement, error) {
 	value := func(b []byte, dst *[]byte, verdict **expr.Verdict) error {
 		return walkAttrs(b, func(typ uint16, d []byte) error {
 			switch {
@@ -420,7 +438,12 @@ func decodeElements(out []nftables.SetElement, b []byte) ([]nftables.SetElement,
 			case unix.NFTA_SET_ELEM_KEY:
 				return value(d, &e.Key, nil)
 			case unix.NFTA_SET_ELEM_USERDATA:
-				e.Comment, _ = userdata.GetString(d, userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
+				c := bytes.TrimSuffix(userdata.Get(d, userdata.NFTNL_UDATA_SET_ELEM_COMMENT), []byte{0})
+				if s, ok := comments[string(c)]; ok {
+					e.Comment = s
+				} else if e.Comment = string(c); comments != nil {
+					comments[e.Comment] = e.Comment
+				}
 			case unix.NFTA_SET_ELEM_DATA:
 				return value(d, &e.Val, &e.VerdictData)
 			}

@@ -24,7 +24,7 @@ func TestBodyTagIsPinned(t *testing.T) {
 	b := New(dataplane.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, MasqueradeBit: 14})
 	body := chainBody{family: portal.IPv4, shortCircuit: "svc4/ns/web/tcp/http", affinity: 10800,
 		endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080"), netip.MustParseAddrPort("10.244.2.3:8080")}}
-	const want = "onehop6 7 58a5cb98c9c51f0e"
+	const want = "onehop7 7 58a5cb98c9c51f0e"
 	if got := string(b.bodyTag(7, body)); got != want {
 		t.Errorf("bodyTag = %q, want %q", got, want)
 	}

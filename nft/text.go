@@ -67,11 +67,7 @@ func (k *kernelTable) setText(s *setDecl) string {
 		kind = "map"
 	}
 	fmt.Fprintf(&b, "\t%s %s {\n", kind, s.name)
-	fmt.Fprintf(&b, "\t\ttype %s", typeName(s.keyType, s.keyLen))
-	if s.isMap() {
-		fmt.Fprintf(&b, " : %s", typeName(s.dataType, s.dataLen))
-	}
-	b.WriteString("\n")
+	fmt.Fprintf(&b, "\t\t%s\n", s.declText())
 	if s.size != 0 {
 		fmt.Fprintf(&b, "\t\tsize %d\n", s.size)
 	}
@@ -133,7 +129,7 @@ func intervalTexts(s *setDecl, els []nftables.SetElement) []string {
 		}
 		first, ok := netip.AddrFromSlice(els[i].Key)
 		if !ok {
-			out = append(out, valueText(s.keyType, s.keyLen, els[i].Key))
+			out = append(out, s.keyText(els[i].Key))
 			continue
 		}
 		var last netip.Addr
@@ -166,7 +162,7 @@ func rangeText(first, last netip.Addr) string {
 // elemText prints one element: key, timeouts, comment, and for maps the data.
 func elemText(s *setDecl, el nftables.SetElement) string {
 	var b strings.Builder
-	b.WriteString(valueText(s.keyType, s.keyLen, el.Key))
+	b.WriteString(s.keyText(el.Key))
 	if el.Timeout != 0 && el.Timeout != s.timeout {
 		fmt.Fprintf(&b, " timeout %s", nftDuration(el.Timeout))
 	}
@@ -184,7 +180,7 @@ func elemText(s *setDecl, el nftables.SetElement) string {
 		case s.dataType == nftVerdictType:
 			b.WriteString(verdictAttrText(el.Val))
 		default:
-			b.WriteString(valueText(s.dataType, s.dataLen, el.Val))
+			b.WriteString(valueText(s.dataFields(), el.Val))
 		}
 	}
 	return b.String()
@@ -324,9 +320,10 @@ const (
 	dtCtState     = 26
 	dtCtStatus    = 28
 	// Types with no wire number of their own here.
-	dtHex      = 1000 // raw payload: an integer printed in hex
-	dtFibAddr  = 1001 // fib ... type
-	dtRejectIx = 1002
+	dtHex         = 1000 // raw payload: an integer printed in hex
+	dtFibAddr     = 1001 // fib ... type
+	dtRejectIx    = 1002
+	dtHostInteger = 1003 // an integer in host byte order (numgen's, jhash's)
 )
 
 var typeNames = map[uint32]string{
@@ -348,9 +345,12 @@ func typeFields(t uint32) []uint32 {
 	return f
 }
 
-func typeName(t, size uint32) string {
+func typeName(fields []uint32, size uint32) string {
 	var names []string
-	for _, f := range typeFields(t) {
+	for _, f := range fields {
+		if f == dtHostInteger {
+			f = dtInteger
+		}
 		n, ok := typeNames[f]
 		if !ok {
 			n = fmt.Sprintf("[type %d]", f)
@@ -366,7 +366,7 @@ func typeName(t, size uint32) string {
 // fieldLen is the size in bytes of a value of type t; 0 when it varies.
 func fieldLen(t uint32) int {
 	switch t {
-	case dtIPv4, dtInteger, dtMark, dtCtState, dtCtStatus:
+	case dtIPv4, dtInteger, dtHostInteger, dtMark, dtCtState, dtCtStatus:
 		return 4
 	case dtIPv6:
 		return 16
@@ -378,9 +378,9 @@ func fieldLen(t uint32) int {
 	return 0
 }
 
-// valueText prints a set key or map value of type t (size bytes in all).
-func valueText(t, size uint32, b []byte) string {
-	fields := typeFields(t)
+// valueText prints a set key or map value whose fields have the datatypes
+// fields.
+func valueText(fields []uint32, b []byte) string {
 	if len(fields) <= 1 {
 		ft := uint32(dtInvalid)
 		if len(fields) == 1 {
@@ -392,7 +392,7 @@ func valueText(t, size uint32, b []byte) string {
 	for i, f := range fields {
 		n := fieldLen(f)
 		if n == 0 || len(b) < n {
-			return fmt.Sprintf("[undecodable %s 0x%x]", typeName(t, size), b)
+			return fmt.Sprintf("[undecodable %s 0x%x]", typeName(fields, 0), b)
 		}
 		parts = append(parts, constText(f, b[:n]))
 		if i < len(fields)-1 {
@@ -434,6 +434,10 @@ func constText(t uint32, b []byte) string {
 	case dtInteger:
 		if len(b) <= 8 {
 			return strconv.FormatUint(beUint(b), 10)
+		}
+	case dtHostInteger:
+		if len(b) == 4 {
+			return strconv.FormatUint(uint64(binaryutil.NativeEndian.Uint32(b)), 10)
 		}
 	case dtHex:
 		if len(b) <= 8 {

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/dataplane"
-	"github.com/onehop/onehop/portal"
 )
 
 // This file evaluates the rules of the onehop table, as read back from the
@@ -28,72 +27,6 @@ import (
 // another source port may go elsewhere. An expression it
 // cannot evaluate stops the trace with an error naming it: the answer is
 // exact or there is none.
-
-// tracePacket is the packet under evaluation: its headers as bytes (the
-// payload expressions read them) and the metadata the rules read and write.
-type tracePacket struct {
-	family   portal.Family
-	nh, th   []byte // network and transport headers
-	l4proto  byte
-	mark     uint32
-	ctState  uint32
-	ctStatus uint32
-}
-
-// Conntrack bits the rules test (include/uapi/linux/netfilter/nf_conntrack_common.h).
-const (
-	ctStateNew     = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
-	ctStatusSrcNAT = 1 << 4
-	ctStatusDstNAT = 1 << 5
-)
-
-func newTracePacket(src, dst netip.Addr, sport, dport uint16, proto byte) tracePacket {
-	p := tracePacket{l4proto: proto, ctState: ctStateNew}
-	if dst.Is4() {
-		p.family = portal.IPv4
-		p.nh = make([]byte, 20)
-		p.nh[0], p.nh[8], p.nh[9] = 0x45, 64, proto
-	} else {
-		p.family = portal.IPv6
-		p.nh = make([]byte, 40)
-		p.nh[0], p.nh[6], p.nh[7] = 0x60, proto, 64
-	}
-	p.th = make([]byte, 20)
-	binary.BigEndian.PutUint16(p.th[0:], sport)
-	p.setAddr(false, src)
-	p.setAddr(true, dst)
-	binary.BigEndian.PutUint16(p.th[2:], dport)
-	return p
-}
-
-func (p *tracePacket) addrOff(dst bool) int {
-	off := 12
-	if p.family == portal.IPv6 {
-		off = 8
-	}
-	if dst {
-		off += addrLen(p.family)
-	}
-	return off
-}
-
-func (p *tracePacket) addr(dst bool) netip.Addr {
-	off := p.addrOff(dst)
-	a, _ := netip.AddrFromSlice(p.nh[off : off+addrLen(p.family)])
-	return a
-}
-
-func (p *tracePacket) setAddr(dst bool, a netip.Addr) {
-	copy(p.nh[p.addrOff(dst):], addrBytes(a))
-}
-
-func (p *tracePacket) dport() uint16 { return binary.BigEndian.Uint16(p.th[2:]) }
-
-func (p *tracePacket) clone() tracePacket {
-	c := *p
-	c.nh, c.th = slices.Clone(p.nh), slices.Clone(p.th)
-	return c
-}
 
 // evalEnv is what every path evaluates against.
 type evalEnv struct {
@@ -388,6 +321,10 @@ func (r *pathRun) expr(chain string, e expr.Any) (ruleResult, string) {
 		if e.Modulus == 0 {
 			return r.fail("numgen mod 0"), ""
 		}
+		if e.Modulus == 1 { // a constant: a chain's id (loadChainID)
+			r.store(e.Register, binaryutil.NativeEndian.PutUint32(e.Offset))
+			return ruleNext, ""
+		}
 		n := 0
 		if len(r.mods) < len(r.choices) {
 			n = r.choices[len(r.mods)]
@@ -434,7 +371,7 @@ func (r *pathRun) expr(chain string, e expr.Any) (ruleResult, string) {
 			return r.fail("dynset on %s, which is not in the table", e.SetName), ""
 		}
 		op := map[uint32]string{unix.NFT_DYNSET_OP_ADD: "adds", unix.NFT_DYNSET_OP_UPDATE: "adds or refreshes"}[e.Operation]
-		return ruleNext, fmt.Sprintf("%s %s in @%s", op, valueText(s.keyType, s.keyLen, r.reg(e.SrcRegKey, int(s.keyLen))), e.SetName)
+		return ruleNext, fmt.Sprintf("%s %s in @%s", op, s.keyText(r.reg(e.SrcRegKey, int(s.keyLen))), e.SetName)
 	default:
 		return r.fail("expression %T is not evaluated", e), ""
 	}
@@ -481,9 +418,9 @@ func (r *pathRun) lookup(chain string, e *expr.Lookup) (ruleResult, string) {
 		note := ""
 		if found {
 			r.hits = append(r.hits, lookupHit{e.SetName, s, el})
-			note = fmt.Sprintf("%s is in %s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
+			note = fmt.Sprintf("%s is in %s", s.keyText(key), r.setLabel(e.SetName, s))
 		} else {
-			note = fmt.Sprintf("%s is not in %s", valueText(s.keyType, s.keyLen, key), r.setLabel(e.SetName, s))
+			note = fmt.Sprintf("%s is not in %s", s.keyText(key), r.setLabel(e.SetName, s))
 		}
 		return ruleNext, note
 	}

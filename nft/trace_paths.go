@@ -241,7 +241,7 @@ func entryMatch(h lookupHit) *dataplane.TraceMatch {
 		target = verdictText(v)
 	}
 	return &dataplane.TraceMatch{Service: pk.String(), Kind: kind, Set: h.set,
-		Element: valueText(h.decl.keyType, h.decl.keyLen, h.el.Key), Target: target}
+		Element: h.decl.keyText(h.el.Key), Target: target}
 }
 
 func (r *pathRun) outcome() dataplane.TraceOutcome {
