@@ -19,7 +19,7 @@ import (
 	strictjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -415,7 +415,7 @@ func (fc *fileConfig) applyOnehop(oh *onehopConfiguration) error {
 		if oh.External[0] != '{' {
 			return fmt.Errorf("external: want a mapping, got %s", oh.External)
 		}
-		if _, err := external.DecodeConfig(oh.External); err != nil {
+		if _, err := config.Decode(oh.External); err != nil {
 			return fmt.Errorf("external: %w", err)
 		}
 		fc.External = oh.External

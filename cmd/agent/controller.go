@@ -22,6 +22,7 @@ import (
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -190,7 +191,7 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		<-ctx.Done()
 		return nil
 	}
-	ec, err := external.DecodeConfig(ext)
+	ec, err := config.Decode(ext)
 	if err != nil {
 		return fmt.Errorf("%s: external section: %w", f.config, err)
 	}

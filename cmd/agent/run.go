@@ -29,6 +29,7 @@ import (
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -574,7 +575,7 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	var podIPsReady *atomic.Bool   // set when pod external IPs are served
 	var refusedReady *atomic.Bool  // set when the registry's refusals are known
 	if len(f.external) > 0 && string(f.external) != "null" {
-		ec, err := external.DecodeConfig(f.external)
+		ec, err := config.Decode(f.external)
 		if err != nil {
 			return fmt.Errorf("%s: external section: %w", f.config, err)
 		}

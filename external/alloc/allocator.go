@@ -1,4 +1,4 @@
-package external
+package alloc
 
 import (
 	"context"
@@ -21,15 +21,16 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/ipam"
 	"github.com/onehop/onehop/portal"
 )
 
-// allocator is the leader's LoadBalancer IP controller. A new one is built
+// Allocator is the leader's LoadBalancer IP controller. A new one is built
 // for every leadership term: it first rebuilds the allocation state from all
 // Services' status, then allocates.
-type allocator struct {
-	cfg      *parsed
+type Allocator struct {
+	cfg      *config.Parsed
 	client   kubernetes.Interface
 	services corelisters.ServiceLister
 	rec      record.EventRecorder
@@ -45,12 +46,14 @@ type allocator struct {
 	outside map[portal.ServiceKey]string
 }
 
-func newAllocator(cfg *parsed, client kubernetes.Interface, services corelisters.ServiceLister, rec record.EventRecorder, log *slog.Logger) (*allocator, error) {
-	a, err := ipam.New(cfg.pools)
+// New builds the allocator of cfg's pools; it writes Service status with
+// client, reads Services from services, and puts events with rec.
+func New(cfg *config.Parsed, client kubernetes.Interface, services corelisters.ServiceLister, rec record.EventRecorder, log *slog.Logger) (*Allocator, error) {
+	a, err := ipam.New(cfg.IPAMPools)
 	if err != nil {
 		return nil, err
 	}
-	return &allocator{
+	return &Allocator{
 		cfg: cfg, client: client, services: services, rec: rec, log: log, alloc: a,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[portal.ServiceKey](50*time.Millisecond, 30*time.Second),
@@ -60,34 +63,34 @@ func newAllocator(cfg *parsed, client kubernetes.Interface, services corelisters
 	}, nil
 }
 
-// inherit takes over what prev, the allocator of the previous pools in
+// Inherit takes over what prev, the allocator of the previous pools in
 // this leadership term (nil: none), told Services.
-func (a *allocator) inherit(prev *allocator) {
+func (a *Allocator) Inherit(prev *Allocator) {
 	if a != nil && prev != nil {
 		a.outside = prev.outside
 	}
 }
 
-// rebuild records every IP that managed Services hold in their status,
+// Rebuild records every IP that managed Services hold in their status,
 // oldest Service first, so that a conflict (which only a bug or a manual
 // status edit can cause) is resolved in favour of the older one.
-func (a *allocator) rebuild() error {
+func (a *Allocator) Rebuild() error {
 	svcs, err := a.services.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(svcs, olderFirst)
+	slices.SortFunc(svcs, OlderFirst)
 	for _, svc := range svcs {
-		ips := statusIPs(svc)
-		if len(ips) == 0 || !a.cfg.managed(svc) {
+		ips := StatusIPs(svc)
+		if len(ips) == 0 || !Managed(a.cfg, svc) {
 			continue
 		}
-		req, err := requestFor(svc)
+		req, err := RequestFor(svc)
 		if err != nil {
-			req = ipam.Request{Service: keyOf(svc)} // the sync reports the bad annotation
+			req = ipam.Request{Service: KeyOf(svc)} // the sync reports the bad annotation
 		}
 		if err := a.alloc.Restore(req, ips); err != nil {
-			a.log.Warn("service status holds addresses that cannot be kept", "service", keyOf(svc), "ips", ips, "err", err)
+			a.log.Warn("service status holds addresses that cannot be kept", "service", KeyOf(svc), "ips", ips, "err", err)
 			a.rec.Eventf(svc, corev1.EventTypeWarning, reasonOf(err), "status addresses %v cannot be kept: %v; allocating again", ips, err)
 		}
 	}
@@ -95,7 +98,8 @@ func (a *allocator) rebuild() error {
 	return nil
 }
 
-func olderFirst(x, y *corev1.Service) int {
+// OlderFirst orders Services oldest first, then by namespace and name.
+func OlderFirst(x, y *corev1.Service) int {
 	if c := x.CreationTimestamp.Compare(y.CreationTimestamp.Time); c != 0 {
 		return c
 	}
@@ -110,26 +114,32 @@ func reasonOf(err error) string {
 	return "AllocationFailed"
 }
 
-func (a *allocator) enqueue(svc *corev1.Service) { a.queue.Add(keyOf(svc)) }
+// Enqueue has svc looked at again.
+func (a *Allocator) Enqueue(svc *corev1.Service) { a.queue.Add(KeyOf(svc)) }
+
+// SetReserved tells the allocator who holds an address when that is not a
+// load-balancer allocation ("" otherwise): it neither hands out nor keeps
+// such addresses.
+func (a *Allocator) SetReserved(reserved func(netip.Addr) string) { a.alloc.Reserved = reserved }
 
 // retryAll is the queue item that retries every waiting Service.
 var retryAll = portal.ServiceKey{}
 
-// retryWaiting retries the waiting Services: an address a node, a cluster
+// RetryWaiting retries the waiting Services: an address a node, a cluster
 // IP, an external IP or a Pod held may have been let go. Safe to call from
 // any goroutine.
-func (a *allocator) retryWaiting() { a.queue.Add(retryAll) }
+func (a *Allocator) RetryWaiting() { a.queue.Add(retryAll) }
 
-// run processes the queue until ctx ends. The caller has synced the
-// informer and called rebuild.
-func (a *allocator) run(ctx context.Context) {
+// Run processes the queue until ctx ends. The caller has synced the
+// informer and called Rebuild.
+func (a *Allocator) Run(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		a.queue.ShutDown()
 	}()
 	svcs, _ := a.services.List(labels.Everything())
 	for _, s := range svcs {
-		a.enqueue(s)
+		a.Enqueue(s)
 	}
 	for {
 		key, quit := a.queue.Get()
@@ -147,7 +157,7 @@ func (a *allocator) run(ctx context.Context) {
 	}
 }
 
-func (a *allocator) release(key portal.ServiceKey) {
+func (a *Allocator) release(key portal.ServiceKey) {
 	if len(a.alloc.Holds(key)) == 0 {
 		return
 	}
@@ -158,7 +168,7 @@ func (a *allocator) release(key portal.ServiceKey) {
 	}
 }
 
-func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
+func (a *Allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	if key == retryAll {
 		for k := range a.waiting {
 			a.queue.Add(k)
@@ -175,7 +185,7 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	if err != nil {
 		return err
 	}
-	if !a.cfg.managed(svc) {
+	if !Managed(a.cfg, svc) {
 		owned := a.ownsStatus(svc)
 		delete(a.waiting, key)
 		delete(a.outside, key)
@@ -194,7 +204,7 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	for _, msg := range overriddenAliases(svc) {
 		a.rec.Event(svc, corev1.EventTypeWarning, "AnnotationIgnored", msg) // the recorder folds repeats
 	}
-	req, err := requestFor(svc)
+	req, err := RequestFor(svc)
 	if err != nil {
 		a.rec.Event(svc, corev1.EventTypeWarning, "BadAnnotation", err.Error())
 		return nil
@@ -211,7 +221,7 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 	}
 	delete(a.waiting, key)
 	a.tellOutside(svc)
-	if slices.Equal(sortedAddrs(statusIPs(svc)), ips) {
+	if slices.Equal(sortedAddrs(StatusIPs(svc)), ips) {
 		return nil
 	}
 	if err := a.writeStatus(ctx, svc, ips); err != nil {
@@ -225,8 +235,8 @@ func (a *allocator) sync(ctx context.Context, key portal.ServiceKey) error {
 // tellOutside puts a Warning event on svc when it keeps addresses that no
 // pool holds any more (a pool shrank or went away), once for each set of
 // such addresses.
-func (a *allocator) tellOutside(svc *corev1.Service) {
-	key := keyOf(svc)
+func (a *Allocator) tellOutside(svc *corev1.Service) {
+	key := KeyOf(svc)
 	out := a.alloc.Outside(key)
 	if len(out) == 0 {
 		delete(a.outside, key)
@@ -244,11 +254,11 @@ func (a *allocator) tellOutside(svc *corev1.Service) {
 
 // ownsStatus: the Service's status holds addresses from onehop's pools, or
 // addresses it keeps outside them.
-func (a *allocator) ownsStatus(svc *corev1.Service) bool {
-	if len(a.alloc.Holds(keyOf(svc))) > 0 {
+func (a *Allocator) ownsStatus(svc *corev1.Service) bool {
+	if len(a.alloc.Holds(KeyOf(svc))) > 0 {
 		return true
 	}
-	for _, ip := range statusIPs(svc) {
+	for _, ip := range StatusIPs(svc) {
 		if a.alloc.PoolOf(ip) != nil {
 			return true
 		}
@@ -262,7 +272,7 @@ func (a *allocator) ownsStatus(svc *corev1.Service) bool {
 // other controllers write, which an update would erase. The patch carries
 // svc's resourceVersion, so that, like an update, it fails on a Service
 // changed since it was read.
-func (a *allocator) writeStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) error {
+func (a *Allocator) writeStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) error {
 	var ingress []corev1.LoadBalancerIngress // null in the patch: none
 	vip := corev1.LoadBalancerIPModeVIP
 	for _, ip := range ips {

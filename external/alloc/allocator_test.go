@@ -1,4 +1,4 @@
-package external
+package alloc
 
 import (
 	"context"
@@ -14,6 +14,9 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/onehop/onehop/external/config"
+	"github.com/onehop/onehop/external/internal/hooktest"
 )
 
 // A Service whose address a pool change left outside every pool keeps it,
@@ -21,31 +24,31 @@ import (
 // a new Service gets an address of the pool as it is now.
 func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := Config{Pools: []PoolConfig{{Name: "p", Addresses: []string{"192.0.2.0/30"}}}}.parse() // .1 and .2
+	cfg, err := config.Config{Pools: []config.PoolConfig{{Name: "p", Addresses: []string{"192.0.2.0/30"}}}}.Parse() // .1 and .2
 	if err != nil {
 		t.Fatal(err)
 	}
-	web := lbService("web", false, "192.0.2.5") // from the pool's /29 of before
+	web := hooktest.LBService("web", false, "192.0.2.5") // from the pool's /29 of before
 	client := fake.NewClientset(web)
 	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	if err := idx.Add(web); err != nil {
 		t.Fatal(err)
 	}
 	rec := record.NewFakeRecorder(10)
-	term := func() *allocator {
+	term := func() *Allocator {
 		t.Helper()
-		a, err := newAllocator(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
+		a, err := New(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.rebuild(); err != nil {
+		if err := a.Rebuild(); err != nil {
 			t.Fatal(err)
 		}
 		return a
 	}
-	sync := func(a *allocator, name string) {
+	sync := func(a *Allocator, name string) {
 		t.Helper()
-		if err := a.sync(ctx, keyOf(lbService(name, false))); err != nil {
+		if err := a.sync(ctx, KeyOf(hooktest.LBService(name, false))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,10 +56,10 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 	sync(a, "web")
 	sync(a, "web") // a resync
 	b := term()    // the pools change again
-	b.inherit(a)
+	b.Inherit(a)
 	sync(b, "web")
 
-	events := drain(rec)
+	events := hooktest.Drain(rec)
 	if len(events) != 1 || !strings.HasPrefix(events[0], "Warning IPOutsidePools load-balancer IPs [192.0.2.5] are outside every address pool now") {
 		t.Errorf("events %q, want one IPOutsidePools warning", events)
 	}
@@ -64,12 +67,12 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ips := statusIPs(got); len(ips) != 1 || ips[0].String() != "192.0.2.5" {
+	if ips := StatusIPs(got); len(ips) != 1 || ips[0].String() != "192.0.2.5" {
 		t.Errorf("web's status %v, want it kept at 192.0.2.5", ips)
 	}
 
 	// A new Service gets the pool's first address, not web's.
-	n := lbService("new", false)
+	n := hooktest.LBService("new", false)
 	if _, err := client.CoreV1().Services("ns").Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +85,7 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ips []string
-	for _, ip := range statusIPs(got) {
+	for _, ip := range StatusIPs(got) {
 		ips = append(ips, ip.String())
 	}
 	if !slices.Equal(ips, []string{"192.0.2.1"}) {
@@ -96,18 +99,18 @@ func TestAllocatorKeepsAddressOutsidePools(t *testing.T) {
 func TestAllocatorTerminatingServiceKeepsItsAddress(t *testing.T) {
 	ctx := context.Background()
 	now := metav1.Now()
-	web := lbService("web", false, "192.0.2.1")
+	web := hooktest.LBService("web", false, "192.0.2.1")
 	web.DeletionTimestamp, web.Finalizers = &now, []string{"example.com/hold"}
-	taker := lbService("taker", false)
+	taker := hooktest.LBService("taker", false)
 	taker.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1"}
 	a, client, idx, rec := testAllocator(t, "192.0.2.0/30", web, taker) // .1 and .2
 	// A new term finds web terminating.
-	if err := a.rebuild(); err != nil {
+	if err := a.Rebuild(); err != nil {
 		t.Fatal(err)
 	}
 	sync := func(name string) {
 		t.Helper()
-		if err := a.sync(ctx, keyOf(lbService(name, false))); err != nil {
+		if err := a.sync(ctx, KeyOf(hooktest.LBService(name, false))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,20 +121,20 @@ func TestAllocatorTerminatingServiceKeepsItsAddress(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ips []string
-		for _, ip := range statusIPs(got) {
+		for _, ip := range StatusIPs(got) {
 			ips = append(ips, ip.String())
 		}
 		return ips
 	}
 	sync("web")
 	sync("taker")
-	if ips := a.alloc.Holds(keyOf(web)); len(ips) != 1 || ips[0].String() != "192.0.2.1" {
+	if ips := a.alloc.Holds(KeyOf(web)); len(ips) != 1 || ips[0].String() != "192.0.2.1" {
 		t.Errorf("terminating web holds %v, want 192.0.2.1", ips)
 	}
 	if ips := status("taker"); len(ips) != 0 {
 		t.Errorf("taker got %v while web, terminating, still exists", ips)
 	}
-	if events := drain(rec); len(events) != 1 || !strings.HasPrefix(events[0], "Warning IPConflict 192.0.2.1 is already used by") {
+	if events := hooktest.Drain(rec); len(events) != 1 || !strings.HasPrefix(events[0], "Warning IPConflict 192.0.2.1 is already used by") {
 		t.Errorf("events %q, want one IPConflict warning on taker", events)
 	}
 
@@ -149,9 +152,9 @@ func TestAllocatorTerminatingServiceKeepsItsAddress(t *testing.T) {
 // testAllocator is an allocator of one pool of addresses over the Services
 // svcs, in a fake client and in the lister's index, with its events'
 // recorder.
-func testAllocator(t *testing.T, addresses string, svcs ...*corev1.Service) (*allocator, *fake.Clientset, cache.Indexer, *record.FakeRecorder) {
+func testAllocator(t *testing.T, addresses string, svcs ...*corev1.Service) (*Allocator, *fake.Clientset, cache.Indexer, *record.FakeRecorder) {
 	t.Helper()
-	cfg, err := Config{Pools: []PoolConfig{{Name: "p", Addresses: []string{addresses}}}}.parse()
+	cfg, err := config.Config{Pools: []config.PoolConfig{{Name: "p", Addresses: []string{addresses}}}}.Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +168,7 @@ func testAllocator(t *testing.T, addresses string, svcs ...*corev1.Service) (*al
 	}
 	client := fake.NewClientset(objs...)
 	rec := record.NewFakeRecorder(10)
-	a, err := newAllocator(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
+	a, err := New(cfg, client, corelisters.NewServiceLister(idx), rec, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

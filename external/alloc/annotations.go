@@ -1,4 +1,4 @@
-package external
+package alloc
 
 import (
 	"fmt"
@@ -8,7 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/ipam"
+	"github.com/onehop/onehop/external/metallb"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -34,9 +36,9 @@ const (
 // spelling first, then the older metallb.universe.tf one) that mean what
 // onehop's own do, so that Services move over from MetalLB unchanged.
 var metalLBAliases = map[string][]string{
-	AnnotationLoadBalancerIPs: {"metallb.io/loadBalancerIPs", "metallb.universe.tf/loadBalancerIPs"},
-	AnnotationAddressPool:     {"metallb.io/address-pool", "metallb.universe.tf/address-pool"},
-	AnnotationAllowSharedIP:   {"metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"},
+	AnnotationLoadBalancerIPs: metallb.LoadBalancerIPsAnnotations,
+	AnnotationAddressPool:     metallb.AddressPoolAnnotations,
+	AnnotationAllowSharedIP:   metallb.AllowSharedIPAnnotations,
 }
 
 // annotation is the key and value of onehop's annotation name on svc, or
@@ -83,10 +85,11 @@ func normalAnnotation(v string) string {
 	return strings.Join(items, ",")
 }
 
-// managed reports whether onehop allocates the LoadBalancer IPs of svc. A
-// Service being deleted still is: every node serves it until it is gone
-// from the API, as kube-proxy does, so it holds its addresses until then.
-func (p *parsed) managed(svc *corev1.Service) bool {
+// Managed reports whether onehop allocates the LoadBalancer IPs of svc
+// under p. A Service being deleted still is: every node serves it until it
+// is gone from the API, as kube-proxy does, so it holds its addresses
+// until then.
+func Managed(p *config.Parsed, svc *corev1.Service) bool {
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		return false
 	}
@@ -96,17 +99,18 @@ func (p *parsed) managed(svc *corev1.Service) bool {
 	return *svc.Spec.LoadBalancerClass == LoadBalancerClass
 }
 
-func keyOf(svc *corev1.Service) portal.ServiceKey {
+// KeyOf is svc's namespace and name.
+func KeyOf(svc *corev1.Service) portal.ServiceKey {
 	return portal.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 }
 
-// requestFor turns a Service into an allocation request; errors name the
+// RequestFor turns a Service into an allocation request; errors name the
 // offending field and are meant for an event.
-func requestFor(svc *corev1.Service) (ipam.Request, error) {
+func RequestFor(svc *corev1.Service) (ipam.Request, error) {
 	_, pool, _ := annotation(svc, AnnotationAddressPool)
 	_, sharingKey, _ := annotation(svc, AnnotationAllowSharedIP)
 	req := ipam.Request{
-		Service:    keyOf(svc),
+		Service:    KeyOf(svc),
 		Pool:       strings.TrimSpace(pool),
 		SharingKey: strings.TrimSpace(sharingKey),
 		RequireAll: svc.Spec.IPFamilyPolicy != nil && *svc.Spec.IPFamilyPolicy == corev1.IPFamilyPolicyRequireDualStack,
@@ -155,8 +159,8 @@ func requestFor(svc *corev1.Service) (ipam.Request, error) {
 	return req, nil
 }
 
-// statusIPs are the IPs in svc's status.loadBalancer.ingress.
-func statusIPs(svc *corev1.Service) []netip.Addr {
+// StatusIPs are the IPs in svc's status.loadBalancer.ingress.
+func StatusIPs(svc *corev1.Service) []netip.Addr {
 	var out []netip.Addr
 	for _, in := range svc.Status.LoadBalancer.Ingress {
 		if a, err := netip.ParseAddr(in.IP); err == nil {

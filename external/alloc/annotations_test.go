@@ -1,4 +1,4 @@
-package external
+package alloc
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/onehop/onehop/external/internal/hooktest"
 )
 
 // MetalLB's annotations mean what onehop's do; onehop's win, and the newer
@@ -50,9 +52,9 @@ func TestMetalLBAnnotationAliases(t *testing.T) {
 			err: "annotation metallb.io/loadBalancerIPs is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := lbService("x", false)
+			s := hooktest.LBService("x", false)
 			s.Annotations = tc.ann
-			req, err := requestFor(s)
+			req, err := RequestFor(s)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one containing %q", err, tc.err)
@@ -79,13 +81,13 @@ func TestMetalLBAnnotationAliases(t *testing.T) {
 // The allocator tells a Service whose MetalLB annotation it ignores, and
 // allocates what onehop's annotation asks.
 func TestAllocatorEventsOverriddenAlias(t *testing.T) {
-	s := lbService("web", false)
+	s := hooktest.LBService("web", false)
 	s.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.10", "metallb.io/loadBalancerIPs": "192.0.2.11"}
 	a, client, _, rec := testAllocator(t, "192.0.2.0/24", s)
-	if err := a.sync(context.Background(), keyOf(s)); err != nil {
+	if err := a.sync(context.Background(), KeyOf(s)); err != nil {
 		t.Fatal(err)
 	}
-	events := drain(rec)
+	events := hooktest.Drain(rec)
 	want := []string{
 		`Warning AnnotationIgnored annotation metallb.io/loadBalancerIPs="192.0.2.11" is ignored: onehop.io/load-balancer-ips="192.0.2.10" wins`,
 		"Normal IPAllocated load-balancer IPs [192.0.2.10]",
@@ -97,7 +99,25 @@ func TestAllocatorEventsOverriddenAlias(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ips := statusIPs(got); len(ips) != 1 || ips[0].String() != "192.0.2.10" {
+	if ips := StatusIPs(got); len(ips) != 1 || ips[0].String() != "192.0.2.10" {
 		t.Errorf("status %v, want [192.0.2.10]", ips)
+	}
+}
+
+func TestRequestFor(t *testing.T) {
+	s := hooktest.LBService("x", false)
+	s.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1, 2001:db8::1", AnnotationAllowSharedIP: "k", AnnotationAddressPool: "p"}
+	s.Spec.LoadBalancerIP = "192.0.2.99" // the annotation wins
+	req, err := RequestFor(s)
+	if err != nil || len(req.Requested) != 2 || req.SharingKey != "k" || req.Pool != "p" || req.Requested[0].String() != "192.0.2.1" {
+		t.Errorf("got %+v, %v", req, err)
+	}
+	s.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.300"}
+	if _, err := RequestFor(s); err == nil {
+		t.Error("bad annotation accepted")
+	}
+	s.Annotations = nil
+	if req, err := RequestFor(s); err != nil || len(req.Requested) != 1 || req.Requested[0].String() != "192.0.2.99" {
+		t.Errorf("spec.loadBalancerIP: got %+v, %v", req, err)
 	}
 }

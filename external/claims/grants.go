@@ -1,4 +1,4 @@
-package external
+package claims
 
 import (
 	"context"
@@ -11,9 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/onehop/onehop/portal"
 )
@@ -26,15 +25,15 @@ import (
 // external IP for the namespace it names.
 const GrantsConfigMapName = "onehop-pod-external-ips"
 
-// The ConfigMap keys holding the grants as JSON: the Pods' (grant) and
+// The ConfigMap keys holding the grants as JSON: the Pods' (Grant) and
 // the Services' (externalGrant).
 const (
-	grantsKey   = "grants"
-	externalKey = "externalIPs"
+	GrantsKey         = "grants"
+	ExternalGrantsKey = "externalIPs"
 )
 
-// grant is one pod external IP and the Pod holding it.
-type grant struct {
+// Grant is one pod external IP and the Pod holding it.
+type Grant struct {
 	IP        netip.Addr `json:"ip"`
 	Namespace string     `json:"namespace"`
 	Name      string     `json:"name"`
@@ -48,46 +47,37 @@ type externalGrant struct {
 	Namespace string     `json:"namespace"`
 }
 
-// settles reports whether the controller settles who holds external
-// addresses: a split install with pod external IPs on or externalIPCIDRs
-// set. Node agents then follow the controller's grants (and, for pod
-// external IPs, watch only their own node's Pods); without a separate
-// controller every agent settles them itself.
-func (p *parsed) settles() bool {
-	return p.SeparateController && (p.PodExternalIPs || len(p.extCIDR) > 0)
-}
-
-// decodeGrants reads the grants of cm (none for nil). A grant that does not
+// DecodeGrants reads the grants of cm (none for nil). A grant that does not
 // parse is left out: its Pod is not mapped, nobody else takes its address
 // on this node either (the controller writes what it reads back).
-func decodeGrants(cm *corev1.ConfigMap) ([]grant, error) {
-	if cm == nil || cm.Data[grantsKey] == "" {
+func DecodeGrants(cm *corev1.ConfigMap) ([]Grant, error) {
+	if cm == nil || cm.Data[GrantsKey] == "" {
 		return nil, nil
 	}
-	var gs []grant
-	if err := json.Unmarshal([]byte(cm.Data[grantsKey]), &gs); err != nil {
+	var gs []Grant
+	if err := json.Unmarshal([]byte(cm.Data[GrantsKey]), &gs); err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
 	return gs, nil
 }
 
-func encodeGrants(gs []grant) string {
-	slices.SortFunc(gs, func(a, b grant) int { return a.IP.Compare(b.IP) })
+func EncodeGrants(gs []Grant) string {
+	slices.SortFunc(gs, func(a, b Grant) int { return a.IP.Compare(b.IP) })
 	b, _ := json.Marshal(gs) // netip.Addr and strings: cannot fail
 	return string(b)
 }
 
-// decodeExternalGrants reads the spec.externalIPs grants of cm (none for
+// DecodeExternalGrants reads the spec.externalIPs grants of cm (none for
 // nil), as the registry takes them: address -> namespace. A ConfigMap that
 // does not parse grants nothing: every agent then falls back alike to the
 // oldest claim.
-func decodeExternalGrants(cm *corev1.ConfigMap) (map[netip.Addr]string, error) {
-	if cm == nil || cm.Data[externalKey] == "" {
+func DecodeExternalGrants(cm *corev1.ConfigMap) (map[netip.Addr]string, error) {
+	if cm == nil || cm.Data[ExternalGrantsKey] == "" {
 		return nil, nil
 	}
 	var gs []externalGrant
-	if err := json.Unmarshal([]byte(cm.Data[externalKey]), &gs); err != nil {
-		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", cm.Namespace, cm.Name, externalKey, err)
+	if err := json.Unmarshal([]byte(cm.Data[ExternalGrantsKey]), &gs); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s, key %s: %w", cm.Namespace, cm.Name, ExternalGrantsKey, err)
 	}
 	out := map[netip.Addr]string{}
 	for _, g := range gs {
@@ -98,13 +88,13 @@ func decodeExternalGrants(cm *corev1.ConfigMap) (map[netip.Addr]string, error) {
 	return out, nil
 }
 
-// externalGrantsOf are the spec.externalIPs addresses own gives to a
+// ExternalGrantsOf are the spec.externalIPs addresses own gives to a
 // namespace's Services, encoded, sorted by address.
-func externalGrantsOf(own *ownership) string {
+func ExternalGrantsOf(own *Ownership) string {
 	gs := []externalGrant{}
-	for ip, h := range own.held {
-		if h.kind == heldByExternalIP {
-			gs = append(gs, externalGrant{IP: ip, Namespace: h.namespace})
+	for ip, h := range own.Held {
+		if h.Kind == HeldByExternalIP {
+			gs = append(gs, externalGrant{IP: ip, Namespace: h.Namespace})
 		}
 	}
 	slices.SortFunc(gs, func(a, b externalGrant) int { return a.IP.Compare(b.IP) })
@@ -112,33 +102,33 @@ func externalGrantsOf(own *ownership) string {
 	return string(b)
 }
 
-// grantsOf are the pod external IPs own gives to Pods, with the Pods' UIDs
+// GrantsOf are the pod external IPs own gives to Pods, with the Pods' UIDs
 // from pods (a holder not among them is left out).
-func grantsOf(own *ownership, pods []*corev1.Pod) []grant {
+func GrantsOf(own *Ownership, pods []*corev1.Pod) []Grant {
 	uid := map[portal.ServiceKey]types.UID{}
 	for _, p := range pods {
 		uid[portal.ServiceKey{Namespace: p.Namespace, Name: p.Name}] = p.UID
 	}
-	gs := []grant{}
-	for ip, h := range own.held {
-		if h.kind != heldByPod {
+	gs := []Grant{}
+	for ip, h := range own.Held {
+		if h.Kind != HeldByPod {
 			continue
 		}
-		if u, ok := uid[h.pod]; ok {
-			gs = append(gs, grant{IP: ip, Namespace: h.pod.Namespace, Name: h.pod.Name, UID: u})
+		if u, ok := uid[h.Pod]; ok {
+			gs = append(gs, Grant{IP: ip, Namespace: h.Pod.Namespace, Name: h.Pod.Name, UID: u})
 		}
 	}
 	return gs
 }
 
-// settledPods is what a node agent's registry reads of Pods when the
+// SettledPods is what a node agent's registry reads of Pods when the
 // controller settles them: its own node's Pods that hold a grant for the
 // address they claim, and, for every other grant, a stand-in Pod that
 // holds the address (no node, so nothing maps it here) so that no
 // Service's spec.externalIPs takes it on this node. A local Pod whose
 // claim differs from its grant maps nothing until the controller says.
-func settledPods(local []*corev1.Pod, gs []grant) []*corev1.Pod {
-	byUID := map[types.UID]grant{}
+func SettledPods(local []*corev1.Pod, gs []Grant) []*corev1.Pod {
+	byUID := map[types.UID]Grant{}
 	for _, g := range gs {
 		byUID[g.UID] = g
 	}
@@ -165,128 +155,29 @@ func settledPods(local []*corev1.Pod, gs []grant) []*corev1.Pod {
 	return out
 }
 
-// watchSettled makes a node agent's hook watch what the controller
-// settles: its own node's Pods (spec.nodeName) and the grants ConfigMap.
-func (h *Hook) watchSettled() {
-	h.podFactory = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithTransform(portal.TrimManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", h.node).String()
-		}))
-	h.pods = h.podFactory.Core().V1().Pods().Informer()
-	h.watchGrants()
-}
-
-// watchGrants makes a node agent's hook watch the grants ConfigMap.
-func (h *Hook) watchGrants() {
-	h.grantFactory = informers.NewSharedInformerFactoryWithOptions(h.client, 0, informers.WithNamespace(h.conf().LeaseNamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", GrantsConfigMapName).String()
-		}))
-	h.grants = h.grantFactory.Core().V1().ConfigMaps().Informer()
-}
-
-// currentGrants are the grants a node agent follows now.
-func (h *Hook) currentGrants() []grant {
-	cm := h.grantsConfigMap()
-	gs, err := decodeGrants(cm)
-	if err != nil {
-		h.log.Error("external: pod external IP grants unreadable; mapping none", "err", err)
+// Publish writes own's holders (the Pods' UIDs from pods) to the grants
+// ConfigMap of namespace, through cms, when they differ from prev: the
+// ConfigMap as last written or read (nil: none). set is told each
+// ConfigMap learnt to be the one in the API now (nil: none known), which
+// the next Publish is given as prev. An error is tried again by the
+// caller.
+func Publish(ctx context.Context, cms typedcorev1.ConfigMapInterface, namespace string, own *Ownership, pods []*corev1.Pod,
+	prev *corev1.ConfigMap, set func(*corev1.ConfigMap)) error {
+	data, external := EncodeGrants(GrantsOf(own, pods)), ExternalGrantsOf(own)
+	if prev != nil && prev.Data[GrantsKey] == data && prev.Data[ExternalGrantsKey] == external {
 		return nil
 	}
-	return gs
-}
-
-// grantsConfigMap is the grants ConfigMap as a node agent sees it now
-// (nil when there is none).
-func (h *Hook) grantsConfigMap() *corev1.ConfigMap {
-	obj, ok, _ := h.grants.GetStore().GetByKey(h.conf().LeaseNamespace + "/" + GrantsConfigMapName)
-	if !ok {
-		return nil
-	}
-	return obj.(*corev1.ConfigMap)
-}
-
-// externalGrants are the spec.externalIPs grants the registry follows: on
-// a node agent the ConfigMap it watches, in the controller what it last
-// wrote or read there (granted; called with regMu held). Elsewhere none.
-func (h *Hook) externalGrants() map[netip.Addr]string {
-	var cm *corev1.ConfigMap
-	switch {
-	case h.role == roleController:
-		cm = h.granted
-	case h.grants != nil:
-		cm = h.grantsConfigMap()
-	default:
-		return nil
-	}
-	gs, err := decodeExternalGrants(cm)
-	if err != nil {
-		h.log.Error("external: external IP grants unreadable; the oldest claim holds each address", "err", err)
-	}
-	return gs
-}
-
-// seedGrants starts a new leader's registry from the grants its
-// predecessor recorded, so that a Pod holding an address keeps it across
-// a change of controller (on a fresh start the oldest claimant would win).
-func (h *Hook) seedGrants(ctx context.Context) {
-	cm, err := h.client.CoreV1().ConfigMaps(h.conf().LeaseNamespace).Get(ctx, GrantsConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return
-	}
-	if err != nil {
-		h.log.Warn("external: reading the pod external IP grants; the oldest claimant wins ties this once", "err", err)
-		return
-	}
-	gs, err := decodeGrants(cm)
-	if err != nil {
-		h.log.Warn("external: pod external IP grants unreadable; writing them afresh", "err", err)
-		return
-	}
-	h.regMu.Lock()
-	h.registry.seed(gs)
-	h.granted = cm
-	h.regMu.Unlock()
-}
-
-// publishGrants writes the registry's latest pod external IP holders to
-// the grants ConfigMap when they changed (the leading controller of a
-// split install). An error is tried again by the caller.
-func (h *Hook) publishGrants(ctx context.Context) error {
-	h.mu.Lock()
-	leader := h.leader
-	h.mu.Unlock()
-	if !leader {
-		return nil
-	}
-	var pods []*corev1.Pod
-	if h.pods != nil {
-		for _, o := range h.pods.GetStore().List() {
-			pods = append(pods, o.(*corev1.Pod))
-		}
-	}
-	h.regMu.Lock()
-	own, prev := h.own, h.granted
-	h.regMu.Unlock()
-	if own == nil {
-		return nil
-	}
-	data, external := encodeGrants(grantsOf(own, pods)), externalGrantsOf(own)
-	if prev != nil && prev.Data[grantsKey] == data && prev.Data[externalKey] == external {
-		return nil
-	}
-	cms := h.client.CoreV1().ConfigMaps(h.conf().LeaseNamespace)
 	var cm *corev1.ConfigMap
 	var err error
 	if prev == nil {
 		cm, err = cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: GrantsConfigMapName, Namespace: h.conf().LeaseNamespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
-			Data:       map[string]string{grantsKey: data, externalKey: external},
+			ObjectMeta: metav1.ObjectMeta{Name: GrantsConfigMapName, Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "onehop"}},
+			Data:       map[string]string{GrantsKey: data, ExternalGrantsKey: external},
 		}, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			cm, err = cms.Get(ctx, GrantsConfigMapName, metav1.GetOptions{})
 			if err == nil {
-				h.setGranted(cm)
+				set(cm)
 				return fmt.Errorf("grants ConfigMap appeared meanwhile; writing it again")
 			}
 		}
@@ -295,24 +186,18 @@ func (h *Hook) publishGrants(ctx context.Context) error {
 		if next.Data == nil {
 			next.Data = map[string]string{}
 		}
-		next.Data[grantsKey], next.Data[externalKey] = data, external
+		next.Data[GrantsKey], next.Data[ExternalGrantsKey] = data, external
 		cm, err = cms.Update(ctx, next, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			h.setGranted(nil)
+			set(nil)
 			if cur, gerr := cms.Get(ctx, GrantsConfigMapName, metav1.GetOptions{}); gerr == nil {
-				h.setGranted(cur)
+				set(cur)
 			}
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("writing the external IP grants: %w", err)
 	}
-	h.setGranted(cm)
+	set(cm)
 	return nil
-}
-
-func (h *Hook) setGranted(cm *corev1.ConfigMap) {
-	h.regMu.Lock()
-	h.granted = cm
-	h.regMu.Unlock()
 }

@@ -1,4 +1,4 @@
-package external
+package claims
 
 import (
 	"net/netip"
@@ -6,13 +6,16 @@ import (
 	"github.com/onehop/onehop/portal"
 )
 
+// AnnotationExternalIP on a Pod gives it its own external IP.
+const AnnotationExternalIP = "onehop.io/external-ip"
+
 // PodExternalIP maps an external IP 1:1 to one pod: inbound traffic to IP is
 // DNATed to PodIP (source kept), the pod's outbound traffic is SNATed to IP.
 //
 // A Pod claims one with the annotation onehop.io/external-ip. The claim is
 // honoured only inside ExternalIPCIDRs or a pool with AllowPods, in a pool
 // only when it serves the Pod's namespace and selects no Services by label
-// (parsed.podIPRefused), never on a hostNetwork Pod, never on a node's
+// (config.Parsed.PodIPRefused), never on a hostNetwork Pod, never on a node's
 // address or a Service's IP, and only when no other Pod or Service holds
 // the address (see registry). A Pod that is not running on a node with a
 // pod IP of the external IP's family yet holds its claim but is not

@@ -1,36 +1,33 @@
-package external
+package config
 
 import (
 	"net/netip"
 	"slices"
-	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/onehop/onehop/external/bgp"
-	"github.com/onehop/onehop/external/ipam"
 )
 
-// adRule is an accepted BGPAdvertisement or L2Advertisement: which
-// addresses it picks (pools by name or label; neither: every address),
-// from which nodes (no selector: every node), and for L2 on which
-// interfaces.
-type adRule struct {
-	name       string
-	pools      []string
-	poolSel    []labels.Selector
-	nodes      []labels.Selector
-	interfaces []string
-	pattern    string
-	// route is what a BGP advertisement puts on its routes.
-	route routeAttrs
+// AdRule is an accepted BGPAdvertisement or L2Advertisement: which
+// addresses it picks (Pools by name or PoolSelectors by label; neither:
+// every address), from which Nodes (no selector: every node), and for L2
+// on which interfaces (Interfaces, and those Pattern matches).
+type AdRule struct {
+	Name          string
+	Pools         []string
+	PoolSelectors []labels.Selector
+	Nodes         []labels.Selector
+	Interfaces    []string
+	Pattern       string
+	// Route is what a BGP advertisement puts on its routes.
+	Route RouteAttrs
 }
 
-// routeAttrs are a BGPAdvertisement's route attributes: the prefix
+// RouteAttrs are a BGPAdvertisement's route attributes: the prefix
 // lengths an address is announced with (agg4 and agg6; 0 stands for the
 // address alone), and the communities and LOCAL_PREF.
-type routeAttrs struct {
+type RouteAttrs struct {
 	agg4, agg6  int
 	communities []uint32
 	large       []bgp.LargeCommunity
@@ -39,12 +36,12 @@ type routeAttrs struct {
 
 // aggregates reports whether the attributes announce some address as a
 // prefix wider than itself.
-func (r *routeAttrs) aggregates() bool {
+func (r *RouteAttrs) aggregates() bool {
 	return (r.agg4 != 0 && r.agg4 != 32) || (r.agg6 != 0 && r.agg6 != 128)
 }
 
 // of is the route of ip under the attributes.
-func (r *routeAttrs) of(ip netip.Addr) bgp.Route {
+func (r *RouteAttrs) of(ip netip.Addr) bgp.Route {
 	ip = ip.Unmap()
 	bits, l := ip.BitLen(), r.agg4
 	if ip.Is6() {
@@ -57,92 +54,99 @@ func (r *routeAttrs) of(ip netip.Addr) bgp.Route {
 		LargeCommunities: r.large, LocalPref: r.localPref}
 }
 
-// adRules are the accepted advertisements of each kind. No advertisement
+// AdRules are the accepted advertisements of each kind. No advertisement
 // of a kind leaves its provider as the file configures it: every address,
 // from every node that runs it.
-type adRules struct {
-	bgp, l2 []adRule
-	// poolLabels are every pool object's labels, for poolSel.
-	poolLabels map[string]labels.Set
+type AdRules struct {
+	BGP, L2 []AdRule
+	// PoolLabels are every pool object's labels, for PoolSelectors.
+	PoolLabels map[string]labels.Set
 }
 
-func (r *adRule) selectsNode(l labels.Set) bool {
-	return len(r.nodes) == 0 || slices.ContainsFunc(r.nodes, func(s labels.Selector) bool { return s.Matches(l) })
+func (r *AdRule) selectsNode(l labels.Set) bool {
+	return len(r.Nodes) == 0 || slices.ContainsFunc(r.Nodes, func(s labels.Selector) bool { return s.Matches(l) })
 }
 
 // selectsAddress: pool is the address's pool, "" for one in no pool.
-func (r *adRule) selectsAddress(pool string, poolLabels map[string]labels.Set) bool {
-	if len(r.pools) == 0 && len(r.poolSel) == 0 {
+func (r *AdRule) selectsAddress(pool string, poolLabels map[string]labels.Set) bool {
+	if len(r.Pools) == 0 && len(r.PoolSelectors) == 0 {
 		return true
 	}
 	if pool == "" {
 		return false
 	}
-	return slices.Contains(r.pools, pool) ||
-		slices.ContainsFunc(r.poolSel, func(s labels.Selector) bool { return s.Matches(poolLabels[pool]) })
+	return slices.Contains(r.Pools, pool) ||
+		slices.ContainsFunc(r.PoolSelectors, func(s labels.Selector) bool { return s.Matches(poolLabels[pool]) })
 }
 
 // selectsAny: the advertisement picks one of pools (an address a Service
 // keeps outside every pool counts in each pool it may have come from).
-func (r *adRule) selectsAny(pools []string, poolLabels map[string]labels.Set) bool {
+func (r *AdRule) selectsAny(pools []string, poolLabels map[string]labels.Set) bool {
 	if len(pools) == 0 {
 		return r.selectsAddress("", poolLabels)
 	}
 	return slices.ContainsFunc(pools, func(p string) bool { return r.selectsAddress(p, poolLabels) })
 }
 
-// announcer answers, for one round of the providers, which node may
-// announce which address under the advertisements.
-type announcer struct {
-	rules *adRules
+// Announcer answers, for one round of the providers, which node may
+// announce which address under the advertisements. Its methods answer for
+// a nil Announcer too: everything is announced.
+type Announcer struct {
+	rules *AdRules
 	// poolOf names the pool of an address ("" for none); nodeLabels are a
 	// node's labels.
 	poolOf     func(netip.Addr) string
 	nodeLabels func(string) labels.Set
-	// kept names, for an address a Service keeps outside every pool (a
+	// Kept names, for an address a Service keeps outside every pool (a
 	// pool shrank under it), the pools it may have come from; nil: none.
-	kept map[netip.Addr][]string
+	Kept map[netip.Addr][]string
+}
+
+// NewAnnouncer applies rules, poolOf naming the pool of an address ("" for
+// none) and nodeLabels giving a node's labels.
+func NewAnnouncer(rules *AdRules, poolOf func(netip.Addr) string, nodeLabels func(string) labels.Set) *Announcer {
+	return &Announcer{rules: rules, poolOf: poolOf, nodeLabels: nodeLabels}
 }
 
 // poolsOf are the pools an advertisement may pick ip by, and whether ip
 // is in one of them (not kept outside all).
-func (a *announcer) poolsOf(ip netip.Addr) ([]string, bool) {
+func (a *Announcer) poolsOf(ip netip.Addr) ([]string, bool) {
 	if p := a.poolOf(ip); p != "" {
 		return []string{p}, true
 	}
-	return a.kept[ip.Unmap()], false
+	return a.Kept[ip.Unmap()], false
 }
 
 // allows reports whether one advertisement of ads picks ip and node; with
 // none, every pair is picked.
-func (a *announcer) allows(ads []adRule, ip netip.Addr, node string) bool {
+func (a *Announcer) allows(ads []AdRule, ip netip.Addr, node string) bool {
 	if a == nil || a.rules == nil || len(ads) == 0 {
 		return true
 	}
 	pools, _ := a.poolsOf(ip)
 	nl := a.nodeLabels(node)
 	for i := range ads {
-		if ads[i].selectsNode(nl) && ads[i].selectsAny(pools, a.rules.poolLabels) {
+		if ads[i].selectsNode(nl) && ads[i].selectsAny(pools, a.rules.PoolLabels) {
 			return true
 		}
 	}
 	return false
 }
 
-// bgpRoutes are the routes node announces for ip over BGP: one per
+// BGPRoutes are the routes node announces for ip over BGP: one per
 // advertisement that picks both (SetRoutes merges those of one prefix),
 // the host route with no attributes when there is no advertisement, and
 // none when advertisements exist and none picks the pair.
-func (a *announcer) bgpRoutes(ip netip.Addr, node string) []bgp.Route {
-	if a == nil || a.rules == nil || len(a.rules.bgp) == 0 {
+func (a *Announcer) BGPRoutes(ip netip.Addr, node string) []bgp.Route {
+	if a == nil || a.rules == nil || len(a.rules.BGP) == 0 {
 		return []bgp.Route{bgp.HostRoute(ip)}
 	}
 	pools, inPool := a.poolsOf(ip)
 	nl := a.nodeLabels(node)
 	var out []bgp.Route
-	for i := range a.rules.bgp {
-		if r := &a.rules.bgp[i]; r.selectsNode(nl) && r.selectsAny(pools, a.rules.poolLabels) {
-			route := r.route.of(ip)
+	for i := range a.rules.BGP {
+		if r := &a.rules.BGP[i]; r.selectsNode(nl) && r.selectsAny(pools, a.rules.PoolLabels) {
+			route := r.Route.of(ip)
 			if !inPool {
 				// A kept address is announced alone: the prefix around
 				// it is no pool's any more.
@@ -154,48 +158,50 @@ func (a *announcer) bgpRoutes(ip netip.Addr, node string) []bgp.Route {
 	return out
 }
 
-// bgpAllows reports whether node may announce ip over BGP.
-func (a *announcer) bgpAllows(ip netip.Addr, node string) bool {
+// BGPAllows reports whether node may announce ip over BGP.
+func (a *Announcer) BGPAllows(ip netip.Addr, node string) bool {
 	if a == nil || a.rules == nil {
 		return true
 	}
-	return a.allows(a.rules.bgp, ip, node)
+	return a.allows(a.rules.BGP, ip, node)
 }
 
-// l2Allows reports whether node may answer for ip (and so be its L2 owner).
-func (a *announcer) l2Allows(ip netip.Addr, node string) bool {
+// L2Allows reports whether node may answer for ip (and so be its L2 owner).
+func (a *Announcer) L2Allows(ip netip.Addr, node string) bool {
 	if a == nil || a.rules == nil {
 		return true
 	}
-	return a.allows(a.rules.l2, ip, node)
+	return a.allows(a.rules.L2, ip, node)
 }
 
-// l2PicksIP says which L2 advertisements pick ip by its pools, a byte
+// L2PicksIP says which L2 advertisements pick ip by its pools, a byte
 // each ('1' picks); "" when none limits L2 (every node may answer for
-// every address). l2PicksNode says which pick node by its labels.
-// l2Allows(ip, node) is true exactly when the two share a '1'
-// (picksShared): the owner index (l2owners.go) groups addresses by the
-// first and nodes by the second, and weighs no pair.
-func (a *announcer) l2PicksIP(ip netip.Addr) string {
-	if a == nil || a.rules == nil || len(a.rules.l2) == 0 {
+// every address). L2PicksNode says which pick node by its labels.
+// L2Allows(ip, node) is true exactly when the two share a '1'
+// (PicksShared): the L2 owner index groups addresses by the first and
+// nodes by the second, and weighs no pair.
+func (a *Announcer) L2PicksIP(ip netip.Addr) string {
+	if a == nil || a.rules == nil || len(a.rules.L2) == 0 {
 		return ""
 	}
 	pools, _ := a.poolsOf(ip)
-	b := make([]byte, len(a.rules.l2))
-	for i := range a.rules.l2 {
-		b[i] = pick(a.rules.l2[i].selectsAny(pools, a.rules.poolLabels))
+	b := make([]byte, len(a.rules.L2))
+	for i := range a.rules.L2 {
+		b[i] = pick(a.rules.L2[i].selectsAny(pools, a.rules.PoolLabels))
 	}
 	return string(b)
 }
 
-func (a *announcer) l2PicksNode(node string) string {
-	if a == nil || a.rules == nil || len(a.rules.l2) == 0 {
+// L2PicksNode says which L2 advertisements pick node by its labels (see
+// L2PicksIP).
+func (a *Announcer) L2PicksNode(node string) string {
+	if a == nil || a.rules == nil || len(a.rules.L2) == 0 {
 		return ""
 	}
 	nl := a.nodeLabels(node)
-	b := make([]byte, len(a.rules.l2))
-	for i := range a.rules.l2 {
-		b[i] = pick(a.rules.l2[i].selectsNode(nl))
+	b := make([]byte, len(a.rules.L2))
+	for i := range a.rules.L2 {
+		b[i] = pick(a.rules.L2[i].selectsNode(nl))
 	}
 	return string(b)
 }
@@ -207,9 +213,9 @@ func pick(ok bool) byte {
 	return '0'
 }
 
-// picksShared: an address picked by ipPicks may be answered for by a node
+// PicksShared: an address picked by ipPicks may be answered for by a node
 // picked by nodePicks (both from the same advertisements).
-func picksShared(ipPicks, nodePicks string) bool {
+func PicksShared(ipPicks, nodePicks string) bool {
 	if ipPicks == "" {
 		return true
 	}
@@ -221,57 +227,25 @@ func picksShared(ipPicks, nodePicks string) bool {
 	return false
 }
 
-// announcer of the configuration's advertisements (nil without any
+// Announcer of the configuration's advertisements (nil without any
 // custom resources: everything is announced).
-func (p *parsed) announcer(nodeLabels func(string) labels.Set) *announcer {
+func (p *Parsed) Announcer(nodeLabels func(string) labels.Set) *Announcer {
 	if p.ads == nil {
 		return nil
 	}
-	return &announcer{rules: p.ads, nodeLabels: nodeLabels, poolOf: func(ip netip.Addr) string {
-		for i := range p.pools {
-			if p.pools[i].Contains(ip) {
-				return p.pools[i].Name
+	return &Announcer{rules: p.ads, nodeLabels: nodeLabels, poolOf: func(ip netip.Addr) string {
+		for i := range p.IPAMPools {
+			if p.IPAMPools[i].Contains(ip) {
+				return p.IPAMPools[i].Name
 			}
 		}
 		return ""
 	}}
 }
 
-// keptPools names, for each address a Service keeps outside every pool,
-// the pools it may have come from: the pool its annotation names, else
-// every pool that admits the Service (its namespace and labels). A
-// pool-picking advertisement keeps announcing such an address as long as
-// it picks one of them, so that shrinking a pool does not take a Service's
-// address off the air (the Service has an IPOutsidePools event). Without
-// advertisements nothing is needed: every address is announced.
-func (p *parsed) keptPools(services []*corev1.Service) map[netip.Addr][]string {
-	if p.ads == nil || len(p.ads.bgp)+len(p.ads.l2) == 0 {
-		return nil
-	}
-	var out map[netip.Addr][]string
-	for _, svc := range services {
-		if !p.managed(svc) {
-			continue
-		}
-		for _, ip := range statusIPs(svc) {
-			if slices.ContainsFunc(p.pools, func(pl ipam.Pool) bool { return pl.Contains(ip) }) {
-				continue
-			}
-			_, named, _ := annotation(svc, AnnotationAddressPool)
-			named = strings.TrimSpace(named)
-			for i := range p.pools {
-				pl := &p.pools[i]
-				if named != "" && pl.Name != named || named == "" && !pl.Admits(svc.Namespace, svc.Labels) {
-					continue
-				}
-				if out == nil {
-					out = map[netip.Addr][]string{}
-				}
-				if !slices.Contains(out[ip], pl.Name) {
-					out[ip] = append(out[ip], pl.Name)
-				}
-			}
-		}
-	}
-	return out
+// Advertises reports whether advertisements are in force: an
+// advertisement of either kind picks the addresses its providers
+// announce. Without any, every address is announced.
+func (p *Parsed) Advertises() bool {
+	return p.ads != nil && len(p.ads.BGP)+len(p.ads.L2) > 0
 }

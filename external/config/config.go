@@ -1,9 +1,10 @@
-package external
+package config
 
 import (
 	"fmt"
 	"math"
 	"net/netip"
+	"reflect"
 	"slices"
 	"time"
 
@@ -61,11 +62,11 @@ type Config struct {
 	// accepted one replaces it.
 	Webhook *webhook.Config `json:"webhook,omitempty"`
 
-	// What the custom resources add that the file cannot say (crdnode.go):
+	// What the custom resources add that the file cannot say (node.go):
 	// the advertisements, an error of this node's BGP settings (a router
 	// ID annotation that is missing, say), which makes BGP fail to start,
 	// and the L2 interfaces picked by pattern.
-	ads        *adRules
+	ads        *AdRules
 	bgpErr     error
 	l2Patterns []string
 	// webhookPools, when not nil, are the only pools whose addresses the
@@ -155,15 +156,27 @@ func (t LeaseTiming) withDefaults() LeaseTiming {
 	return t
 }
 
-// parsed is Config checked and turned into values.
-type parsed struct {
+// BGPError is what keeps this node's BGP speaker from starting: an error
+// of its settings from the custom resources (a router ID annotation that
+// is missing, say); nil when there is none.
+func (c Config) BGPError() error { return c.bgpErr }
+
+// L2Patterns are the interface patterns of the L2Advertisements that pick
+// this node (interfacePattern), which the responder's interfaces are
+// matched against when it starts.
+func (c Config) L2Patterns() []string { return c.l2Patterns }
+
+// Parsed is Config checked and turned into values.
+type Parsed struct {
 	Config
-	pools   []ipam.Pool
-	extCIDR []netip.Prefix
+	// IPAMPools are Pools as the allocator takes them.
+	IPAMPools []ipam.Pool
+	extCIDR   []netip.Prefix
 }
 
-func (c Config) parse() (*parsed, error) {
-	p := &parsed{Config: c}
+// Parse checks c and turns it into values.
+func (c Config) Parse() (*Parsed, error) {
+	p := &Parsed{Config: c}
 	if p.LeaseNamespace == "" {
 		p.LeaseNamespace = "kube-system"
 	}
@@ -181,9 +194,9 @@ func (c Config) parse() (*parsed, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.pools = append(p.pools, pool)
+		p.IPAMPools = append(p.IPAMPools, pool)
 	}
-	if _, err := ipam.New(p.pools); err != nil {
+	if _, err := ipam.New(p.IPAMPools); err != nil {
 		return nil, err
 	}
 	for _, s := range c.ExternalIPCIDRs {
@@ -216,26 +229,26 @@ func (pc PoolConfig) pool() (ipam.Pool, error) {
 	return ipam.NewPool(pc.Name, pc.Addresses, o)
 }
 
-// externalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs
+// ExternalIPAllowed: spec.externalIPs are allowed inside ExternalIPCIDRs
 // only, as the dataplane does (--external-ip-cidrs); pool addresses are the
 // allocator's to hand out.
-func (p *parsed) externalIPAllowed(a netip.Addr) bool {
+func (p *Parsed) ExternalIPAllowed(a netip.Addr) bool {
 	a = a.Unmap()
 	return slices.ContainsFunc(p.extCIDR, func(c netip.Prefix) bool { return c.Contains(a) })
 }
 
-// podIPRefused says why a Pod of namespace ns may not claim a as its
+// PodIPRefused says why a Pod of namespace ns may not claim a as its
 // external IP, "" when it may. An address of a pool is the pool's to give,
 // as to Services: the pool must be for Pods (AllowPods, or inside
 // ExternalIPCIDRs), its Namespaces must admit ns, and it must select no
 // Services by label (serviceSelectors admit only the Services they match,
 // and a Pod is none). An address in no pool must be inside
 // ExternalIPCIDRs.
-func (p *parsed) podIPRefused(a netip.Addr, ns string) string {
+func (p *Parsed) PodIPRefused(a netip.Addr, ns string) string {
 	a = a.Unmap()
-	inCIDRs := p.externalIPAllowed(a)
-	for i := range p.pools {
-		pool := &p.pools[i]
+	inCIDRs := p.ExternalIPAllowed(a)
+	for i := range p.IPAMPools {
+		pool := &p.IPAMPools[i]
 		if !pool.Contains(a) || !pool.AllowPods && !inCIDRs {
 			continue
 		}
@@ -251,4 +264,30 @@ func (p *parsed) podIPRefused(a netip.Addr, ns string) string {
 		return fmt.Sprintf("%s is outside the allowed external IP CIDRs and the pools marked for pods", a)
 	}
 	return ""
+}
+
+// Settles reports whether the controller settles who holds external
+// addresses: a split install with pod external IPs on or externalIPCIDRs
+// set. Node agents then follow the controller's grants (and, for pod
+// external IPs, watch only their own node's Pods); without a separate
+// controller every agent settles them itself.
+func (p *Parsed) Settles() bool {
+	return p.SeparateController && (p.PodExternalIPs || len(p.extCIDR) > 0)
+}
+
+// SameBGP: this node's BGP speaker need not change.
+func SameBGP(a, b *Parsed) bool {
+	return reflect.DeepEqual(a.BGP, b.BGP) && errString(a.bgpErr) == errString(b.bgpErr)
+}
+
+// SameL2: this node's L2 responder need not start again.
+func SameL2(a, b *Parsed) bool {
+	return reflect.DeepEqual(a.L2, b.L2) && slices.Equal(a.l2Patterns, b.l2Patterns)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"net/netip"
@@ -24,7 +24,7 @@ func TestPodIPRefused(t *testing.T) {
 			{Name: "team-b", Addresses: []string{"198.51.100.0/28"}, Namespaces: []string{"team-b"}},
 		},
 		ExternalIPCIDRs: []string{"198.51.100.0/24"},
-	}.parse()
+	}.Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestPodIPRefused(t *testing.T) {
 		{"198.51.100.5", "team-a", `pool "team-b", which does not serve Pods of namespace team-a`},
 		{"198.51.100.77", "team-a", ""}, // externalIPCIDRs, in no pool
 	} {
-		got := cfg.podIPRefused(netip.MustParseAddr(c.ip), c.ns)
+		got := cfg.PodIPRefused(netip.MustParseAddr(c.ip), c.ns)
 		if c.why == "" && got != "" || c.why != "" && !strings.Contains(got, c.why) {
 			t.Errorf("%s for a Pod of %s: refused %q, want %q", c.ip, c.ns, got, c.why)
 		}

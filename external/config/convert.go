@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"cmp"
@@ -18,94 +18,125 @@ import (
 	"github.com/onehop/onehop/external/ipam"
 )
 
-// crdObjects are the cloud hook's custom resources as listed, and the
+// Objects are the cloud hook's custom resources as listed, and the
 // Secrets of the lease namespace (BGP passwords, the webhook's key) and its
 // ConfigMaps (the webhook's CA): name -> key -> value.
-type crdObjects struct {
-	pools      []*v1alpha1.LoadBalancerIPPool
-	peers      []*v1alpha1.BGPPeer
-	bgpAds     []*v1alpha1.BGPAdvertisement
-	l2Ads      []*v1alpha1.L2Advertisement
-	webhooks   []*v1alpha1.LoadBalancerWebhook
-	secrets    map[string]map[string][]byte
-	configMaps map[string]map[string][]byte
+type Objects struct {
+	Pools      []*v1alpha1.LoadBalancerIPPool
+	Peers      []*v1alpha1.BGPPeer
+	BGPAds     []*v1alpha1.BGPAdvertisement
+	L2Ads      []*v1alpha1.L2Advertisement
+	Webhooks   []*v1alpha1.LoadBalancerWebhook
+	Secrets    map[string]map[string][]byte
+	ConfigMaps map[string]map[string][]byte
+}
+
+// Add appends an empty object of one of the onehop.io kinds to in and
+// returns it, to be decoded into; nil for another kind.
+func (in *Objects) Add(kind string) metav1.Object {
+	switch kind {
+	case KindPool:
+		o := &v1alpha1.LoadBalancerIPPool{}
+		in.Pools = append(in.Pools, o)
+		return o
+	case KindPeer:
+		o := &v1alpha1.BGPPeer{}
+		in.Peers = append(in.Peers, o)
+		return o
+	case KindBGPAd:
+		o := &v1alpha1.BGPAdvertisement{}
+		in.BGPAds = append(in.BGPAds, o)
+		return o
+	case KindL2Ad:
+		o := &v1alpha1.L2Advertisement{}
+		in.L2Ads = append(in.L2Ads, o)
+		return o
+	case KindWebhook:
+		o := &v1alpha1.LoadBalancerWebhook{}
+		in.Webhooks = append(in.Webhooks, o)
+		return o
+	}
+	return nil
 }
 
 // Kinds as verdicts name them.
 const (
-	kindPool  = "LoadBalancerIPPool"
-	kindPeer  = "BGPPeer"
-	kindBGPAd = "BGPAdvertisement"
-	kindL2Ad  = "L2Advertisement"
-	// kindWebhook is read by the cluster-wide part alone.
-	kindWebhook = "LoadBalancerWebhook"
+	KindPool  = "LoadBalancerIPPool"
+	KindPeer  = "BGPPeer"
+	KindBGPAd = "BGPAdvertisement"
+	KindL2Ad  = "L2Advertisement"
+	// KindWebhook is read by the cluster-wide part alone.
+	KindWebhook = "LoadBalancerWebhook"
 )
 
-// verdict says whether one object is in force.
-type verdict struct {
-	kind, name string
-	uid        types.UID
-	generation int64
-	// err is nil when the object is accepted; otherwise why not.
-	err error
-	// stale: the object is invalid, and its last accepted version is in
+// Verdict says whether one object is in force.
+type Verdict struct {
+	Kind, Name string
+	UID        types.UID
+	Generation int64
+	// Err is nil when the object is accepted; otherwise why not.
+	Err error
+	// Stale: the object is invalid, and its last accepted version is in
 	// force instead.
-	stale bool
-	// note adds to an accepted object's message.
-	note string
+	Stale bool
+	// Note adds to an accepted object's message.
+	Note string
 }
 
-// crdMemory is the last accepted version of every object, by UID: an
+// Memory is the last accepted version of every object, by UID: an
 // object that turns invalid keeps that version in force. A peer's is kept
 // with its password, so that a deleted Secret does not drop a session.
-type crdMemory struct {
+type Memory struct {
 	pools  map[types.UID]PoolConfig
-	peers  map[types.UID]peerRule
-	bgpAds map[types.UID]adRule
-	l2Ads  map[types.UID]adRule
+	peers  map[types.UID]PeerRule
+	bgpAds map[types.UID]AdRule
+	l2Ads  map[types.UID]AdRule
 	// webhooks are kept with their key, as peers with their password.
 	webhooks map[types.UID]webhookRule
 }
 
-// crdConfig is what the custom resources make of the bootstrap
-// configuration, before any node's part (forNode) is picked.
-type crdConfig struct {
-	// cfg is the bootstrap configuration with the accepted pools after
+// Converted is what the custom resources make of the bootstrap
+// configuration, before any node's part (ForNode) is picked.
+type Converted struct {
+	// Config is the bootstrap configuration with the accepted pools after
 	// its own.
-	cfg Config
-	// peers are the accepted BGP peers, oldest first.
-	peers []peerRule
+	Config Config
+	// Peers are the accepted BGP peers, oldest first.
+	Peers []PeerRule
 	// ads are the accepted advertisements.
-	ads adRules
-	// verdicts has one entry per object, in the order of crdObjects.
-	verdicts []verdict
+	ads AdRules
+	// Verdicts has one entry per object, in the order of Objects.
+	Verdicts []Verdict
 	// passwords are the values the BGPPeers name (bgpPasswords): what
 	// the controller of a split install publishes to the node agents.
 	passwords map[string]map[string][]byte
 }
 
-// peerRule is an accepted BGPPeer: the peer as the speaker takes it, and
+// PeerRule is an accepted BGPPeer: the peer as the speaker takes it, and
 // the nodes and per-node settings it comes with.
-type peerRule struct {
+type PeerRule struct {
 	name  string
 	asn   uint32
 	peer  bgp.Peer
 	nodes labels.Selector // nil: every node
-	// routerID and the next hops come from each node (forNode).
+	// routerID and the next hops come from each node (ForNode).
 	routerID, nextHop4, nextHop6 *v1alpha1.NodeValue
 }
 
-// convertCRDs adds the custom resources in to base, the file's external
+// PicksNode reports whether the peer is one of the node's of labels l.
+func (r PeerRule) PicksNode(l labels.Set) bool { return r.nodes == nil || r.nodes.Matches(l) }
+
+// Convert adds the custom resources in to base, the file's external
 // section. Each object is checked alone and against those before it,
 // oldest first (so that a new object never invalidates an older one): an
 // invalid object is left out, or replaced by its last accepted version in
 // mem, and the others apply. It returns the memory of this round, which
 // forgets deleted objects.
-func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemory) {
-	out := crdConfig{cfg: base}
-	out.cfg.Pools = slices.Clone(base.Pools)
-	next := crdMemory{pools: map[types.UID]PoolConfig{}, peers: map[types.UID]peerRule{},
-		bgpAds: map[types.UID]adRule{}, l2Ads: map[types.UID]adRule{}, webhooks: map[types.UID]webhookRule{}}
+func Convert(base Config, in Objects, mem Memory) (Converted, Memory) {
+	out := Converted{Config: base}
+	out.Config.Pools = slices.Clone(base.Pools)
+	next := Memory{pools: map[types.UID]PoolConfig{}, peers: map[types.UID]PeerRule{},
+		bgpAds: map[types.UID]AdRule{}, l2Ads: map[types.UID]AdRule{}, webhooks: map[types.UID]webhookRule{}}
 
 	// Pools: unique names (the file's own come first), no overlap.
 	var pools []ipam.Pool
@@ -116,8 +147,8 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 			pools = append(pools, p)
 		}
 	}
-	for _, o := range oldestFirst(in.pools) {
-		v := verdict{kind: kindPool, name: o.Name, uid: o.UID, generation: o.Generation}
+	for _, o := range oldestFirst(in.Pools) {
+		v := Verdict{Kind: KindPool, Name: o.Name, UID: o.UID, Generation: o.Generation}
 		try := func(pc PoolConfig) error {
 			if names[pc.Name] {
 				return fmt.Errorf("the configuration file has a pool named %q", pc.Name)
@@ -130,17 +161,17 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 				return err
 			}
 			pools = append(pools, p)
-			out.cfg.Pools = append(out.cfg.Pools, pc)
+			out.Config.Pools = append(out.Config.Pools, pc)
 			return nil
 		}
 		if pc, ok := decide(&v, poolConfig(o), nil, mem.pools, try); ok {
 			next.pools[o.UID] = pc
 		}
-		out.verdicts = append(out.verdicts, v)
+		out.Verdicts = append(out.Verdicts, v)
 	}
-	out.ads.poolLabels = map[string]labels.Set{}
-	for _, o := range in.pools {
-		out.ads.poolLabels[o.Name] = labels.Set(o.Labels)
+	out.ads.PoolLabels = map[string]labels.Set{}
+	for _, o := range in.Pools {
+		out.ads.PoolLabels[o.Name] = labels.Set(o.Labels)
 	}
 
 	// BGP peers: one speaker per node, so one ASN, router ID and next
@@ -156,10 +187,10 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 	}
 	passwords, webhookKeys := bgpPasswords(in)
 	out.passwords = passwords
-	for _, o := range oldestFirst(in.peers) {
-		v := verdict{kind: kindPeer, name: o.Name, uid: o.UID, generation: o.Generation}
-		try := func(r peerRule) error {
-			if err := r.agrees(base.BGP, out.peers); err != nil {
+	for _, o := range oldestFirst(in.Peers) {
+		v := Verdict{Kind: KindPeer, Name: o.Name, UID: o.UID, Generation: o.Generation}
+		try := func(r PeerRule) error {
+			if err := r.agrees(base.BGP, out.Peers); err != nil {
 				return err
 			}
 			a := netip.MustParseAddr(r.peer.Address)
@@ -167,7 +198,7 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 				return fmt.Errorf("peer %s is configured already (by the configuration file or an older BGPPeer)", a)
 			}
 			addrs[a] = true
-			out.peers = append(out.peers, r)
+			out.Peers = append(out.Peers, r)
 			return nil
 		}
 		r, err := resolvePeer(o, passwords)
@@ -177,35 +208,35 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 		if r, ok := decide(&v, r, err, mem.peers, try); ok {
 			next.peers[o.UID] = r
 		}
-		out.verdicts = append(out.verdicts, v)
+		out.Verdicts = append(out.Verdicts, v)
 	}
 
-	for _, o := range oldestFirst(in.bgpAds) {
-		v := verdict{kind: kindBGPAd, name: o.Name, uid: o.UID, generation: o.Generation}
+	for _, o := range oldestFirst(in.BGPAds) {
+		v := Verdict{Kind: KindBGPAd, Name: o.Name, UID: o.UID, Generation: o.Generation}
 		r, err := newAdRule(o.Name, o.Spec.PoolSelection, o.Spec.NodeSelectors, nil, "")
 		if err == nil {
-			r.route, err = bgpRouteAttrs(&o.Spec)
+			r.Route, err = bgpRouteAttrs(&o.Spec)
 		}
-		try := func(r adRule) error {
-			if err := r.aggregationFits(out.cfg.Pools, out.ads.poolLabels); err != nil {
+		try := func(r AdRule) error {
+			if err := r.aggregationFits(out.Config.Pools, out.ads.PoolLabels); err != nil {
 				return fmt.Errorf("aggregation: %w", err)
 			}
-			out.ads.bgp = append(out.ads.bgp, r)
+			out.ads.BGP = append(out.ads.BGP, r)
 			return nil
 		}
 		if r, ok := decide(&v, r, err, mem.bgpAds, try); ok {
 			next.bgpAds[o.UID] = r
 		}
-		out.verdicts = append(out.verdicts, v)
+		out.Verdicts = append(out.Verdicts, v)
 	}
-	for _, o := range oldestFirst(in.l2Ads) {
-		v := verdict{kind: kindL2Ad, name: o.Name, uid: o.UID, generation: o.Generation}
+	for _, o := range oldestFirst(in.L2Ads) {
+		v := Verdict{Kind: KindL2Ad, Name: o.Name, UID: o.UID, Generation: o.Generation}
 		r, err := newAdRule(o.Name, o.Spec.PoolSelection, o.Spec.NodeSelectors, o.Spec.Interfaces, o.Spec.InterfacePattern)
-		try := func(r adRule) error { out.ads.l2 = append(out.ads.l2, r); return nil }
+		try := func(r AdRule) error { out.ads.L2 = append(out.ads.L2, r); return nil }
 		if r, ok := decide(&v, r, err, mem.l2Ads, try); ok {
 			next.l2Ads[o.UID] = r
 		}
-		out.verdicts = append(out.verdicts, v)
+		out.Verdicts = append(out.Verdicts, v)
 	}
 	out.addWebhooks(base, in, mem, next)
 	return out, next
@@ -214,16 +245,16 @@ func convertCRDs(base Config, in crdObjects, mem crdMemory) (crdConfig, crdMemor
 // decide tries an object's current version (unless it did not even
 // convert: convErr), then its last accepted one; it fills v and returns
 // the version in force, if any.
-func decide[T any](v *verdict, cur T, convErr error, last map[types.UID]T, try func(T) error) (T, bool) {
+func decide[T any](v *Verdict, cur T, convErr error, last map[types.UID]T, try func(T) error) (T, bool) {
 	err := convErr
 	if err == nil {
 		if err = try(cur); err == nil {
 			return cur, true
 		}
 	}
-	v.err = err
-	if prev, ok := last[v.uid]; ok && try(prev) == nil {
-		v.stale = true
+	v.Err = err
+	if prev, ok := last[v.UID]; ok && try(prev) == nil {
+		v.Stale = true
 		return prev, true
 	}
 	var zero T
@@ -256,9 +287,9 @@ func poolConfig(o *v1alpha1.LoadBalancerIPPool) PoolConfig {
 }
 
 // resolvePeer checks a BGPPeer alone and reads its password.
-func resolvePeer(o *v1alpha1.BGPPeer, secrets map[string]map[string][]byte) (peerRule, error) {
+func resolvePeer(o *v1alpha1.BGPPeer, secrets map[string]map[string][]byte) (PeerRule, error) {
 	s := o.Spec
-	r := peerRule{name: o.Name, routerID: s.RouterID, nextHop4: s.NextHopIPv4, nextHop6: s.NextHopIPv6}
+	r := PeerRule{name: o.Name, routerID: s.RouterID, nextHop4: s.NextHopIPv4, nextHop6: s.NextHopIPv6}
 	for _, asn := range []int64{s.MyASN, s.PeerASN} {
 		if asn < 1 || asn > 1<<32-1 {
 			return r, fmt.Errorf("AS number %d is outside 1..4294967295", asn)
@@ -314,7 +345,7 @@ func btoi(b bool) int {
 // agrees checks that r fits the one speaker each node runs: the same ASN,
 // router ID and next hops as the file's bgp section (which then sets them)
 // or the oldest accepted peer.
-func (r peerRule) agrees(file *bgp.Config, accepted []peerRule) error {
+func (r PeerRule) agrees(file *bgp.Config, accepted []PeerRule) error {
 	if file != nil {
 		if r.asn != file.ASN {
 			return fmt.Errorf("myASN %d differs from the configuration file's asn %d: a node has one BGP speaker", r.asn, file.ASN)
@@ -338,34 +369,34 @@ func (r peerRule) agrees(file *bgp.Config, accepted []peerRule) error {
 }
 
 // newAdRule checks an advertisement.
-func newAdRule(name string, ps v1alpha1.PoolSelection, nodes []metav1.LabelSelector, ifaces []string, pattern string) (adRule, error) {
-	r := adRule{name: name, pools: ps.IPAddressPools, interfaces: ifaces}
+func newAdRule(name string, ps v1alpha1.PoolSelection, nodes []metav1.LabelSelector, ifaces []string, pattern string) (AdRule, error) {
+	r := AdRule{Name: name, Pools: ps.IPAddressPools, Interfaces: ifaces}
 	for i := range ps.IPAddressPoolSelectors {
 		sel, err := metav1.LabelSelectorAsSelector(&ps.IPAddressPoolSelectors[i])
 		if err != nil {
 			return r, fmt.Errorf("ipAddressPoolSelectors[%d]: %w", i, err)
 		}
-		r.poolSel = append(r.poolSel, sel)
+		r.PoolSelectors = append(r.PoolSelectors, sel)
 	}
 	for i := range nodes {
 		sel, err := metav1.LabelSelectorAsSelector(&nodes[i])
 		if err != nil {
 			return r, fmt.Errorf("nodeSelectors[%d]: %w", i, err)
 		}
-		r.nodes = append(r.nodes, sel)
+		r.Nodes = append(r.Nodes, sel)
 	}
 	if pattern != "" {
 		if _, err := regexp.Compile("^(?:" + pattern + ")$"); err != nil {
 			return r, fmt.Errorf("interfacePattern: %w", err)
 		}
-		r.pattern = pattern
+		r.Pattern = pattern
 	}
 	return r, nil
 }
 
 // bgpRouteAttrs checks a BGPAdvertisement's route attributes.
-func bgpRouteAttrs(spec *v1alpha1.BGPAdvertisementSpec) (routeAttrs, error) {
-	var r routeAttrs
+func bgpRouteAttrs(spec *v1alpha1.BGPAdvertisementSpec) (RouteAttrs, error) {
+	var r RouteAttrs
 	for _, l := range []struct {
 		name string
 		v    *int32
@@ -398,8 +429,8 @@ func bgpRouteAttrs(spec *v1alpha1.BGPAdvertisementSpec) (routeAttrs, error) {
 // of whole prefixes of its aggregation lengths: a router sends the whole
 // announced prefix to the node, and an address in it outside the pool
 // could be another tenant's, or nobody's.
-func (r *adRule) aggregationFits(pools []PoolConfig, poolLabels map[string]labels.Set) error {
-	if !r.route.aggregates() {
+func (r *AdRule) aggregationFits(pools []PoolConfig, poolLabels map[string]labels.Set) error {
+	if !r.Route.aggregates() {
 		return nil
 	}
 	for _, pc := range pools {
@@ -411,9 +442,9 @@ func (r *adRule) aggregationFits(pools []PoolConfig, poolLabels map[string]label
 			if err != nil {
 				continue // the pool itself is refused for it
 			}
-			bits := r.route.agg4
+			bits := r.Route.agg4
 			if rg.First.Is6() {
-				bits = r.route.agg6
+				bits = r.Route.agg6
 			}
 			if bits == 0 {
 				continue
@@ -424,4 +455,20 @@ func (r *adRule) aggregationFits(pools []PoolConfig, poolLabels map[string]label
 		}
 	}
 	return nil
+}
+
+// CheckAggregation reports why the hook would refuse a BGPAdvertisement
+// named name of spec for its aggregation lengths (nil when it would not):
+// a length out of range, one without a pool selection, or a picked pool of
+// pools (with the labels of poolLabels) that is not made of whole prefixes
+// of that length.
+func CheckAggregation(name string, spec *v1alpha1.BGPAdvertisementSpec, pools []PoolConfig, poolLabels map[string]labels.Set) error {
+	r, err := newAdRule(name, spec.PoolSelection, nil, nil, "")
+	if err == nil {
+		r.Route, err = bgpRouteAttrs(spec)
+	}
+	if err == nil {
+		err = r.aggregationFits(pools, poolLabels)
+	}
+	return err
 }

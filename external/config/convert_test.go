@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"net/netip"
@@ -32,24 +32,24 @@ func testPeer(name string, age int, myASN int64, addr string) *v1alpha1.BGPPeer 
 	return &v1alpha1.BGPPeer{ObjectMeta: meta(name, age), Spec: v1alpha1.BGPPeerSpec{MyASN: myASN, PeerASN: 64512, PeerAddress: addr}}
 }
 
-// verdictOf returns the verdict of kind/name in c, failing t when there is
+// verdictOf returns the Verdict of kind/name in c, failing t when there is
 // none.
-func verdictOf(t *testing.T, c crdConfig, kind, name string) verdict {
+func verdictOf(t *testing.T, c Converted, kind, name string) Verdict {
 	t.Helper()
-	for _, v := range c.verdicts {
-		if v.kind == kind && v.name == name {
+	for _, v := range c.Verdicts {
+		if v.Kind == kind && v.Name == name {
 			return v
 		}
 	}
-	t.Fatalf("no verdict on %s %s in %+v", kind, name, c.verdicts)
-	return verdict{}
+	t.Fatalf("no Verdict on %s %s in %+v", kind, name, c.Verdicts)
+	return Verdict{}
 }
 
-func wantInvalid(t *testing.T, c crdConfig, kind, name, msg string) {
+func wantInvalid(t *testing.T, c Converted, kind, name, msg string) {
 	t.Helper()
 	v := verdictOf(t, c, kind, name)
-	if v.err == nil || !strings.Contains(v.err.Error(), msg) {
-		t.Errorf("%s %s: verdict %v, want invalid with %q", kind, name, v.err, msg)
+	if v.Err == nil || !strings.Contains(v.Err.Error(), msg) {
+		t.Errorf("%s %s: Verdict %v, want invalid with %q", kind, name, v.Err, msg)
 	}
 }
 
@@ -70,29 +70,29 @@ func TestConvertPools(t *testing.T) {
 	routed := testPool("routed", 1, "198.51.100.0/30")
 	routed.Spec.AvoidNetworkAndBroadcast = &keep
 	routed.Spec.Namespaces = []string{"payments"}
-	in := crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{
+	in := Objects{Pools: []*v1alpha1.LoadBalancerIPPool{
 		testPool("newer", 5, "198.51.100.2"), // overlaps routed, which is older
 		routed,
 		testPool("file", 2, "203.0.113.1"),
 		testPool("bad", 3, "203.0.113.300"),
 		testPool("v6", 4, "2001:db8::/120"),
 	}}
-	c, _ := convertCRDs(base, in, crdMemory{})
-	if got, want := poolNames(c.cfg), []string{"file", "routed", "v6"}; !reflect.DeepEqual(got, want) {
+	c, _ := Convert(base, in, Memory{})
+	if got, want := poolNames(c.Config), []string{"file", "routed", "v6"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("pools %v, want %v", got, want)
 	}
-	wantInvalid(t, c, kindPool, "newer", "overlap")
-	wantInvalid(t, c, kindPool, "file", "configuration file has a pool named")
-	wantInvalid(t, c, kindPool, "bad", "203.0.113.300")
+	wantInvalid(t, c, KindPool, "newer", "overlap")
+	wantInvalid(t, c, KindPool, "file", "configuration file has a pool named")
+	wantInvalid(t, c, KindPool, "bad", "203.0.113.300")
 	for _, ok := range []string{"routed", "v6"} {
-		if v := verdictOf(t, c, kindPool, ok); v.err != nil {
-			t.Errorf("pool %s: %v", ok, v.err)
+		if v := verdictOf(t, c, KindPool, ok); v.Err != nil {
+			t.Errorf("pool %s: %v", ok, v.Err)
 		}
 	}
-	if pc := c.cfg.Pools[1]; !pc.KeepNetworkAndBroadcast || !reflect.DeepEqual(pc.Namespaces, []string{"payments"}) {
+	if pc := c.Config.Pools[1]; !pc.KeepNetworkAndBroadcast || !reflect.DeepEqual(pc.Namespaces, []string{"payments"}) {
 		t.Errorf("routed converted to %+v", pc)
 	}
-	if _, err := c.forNode(nil).parse(); err != nil {
+	if _, err := c.ForNode(nil).Parse(); err != nil {
 		t.Errorf("the converted configuration does not parse: %v", err)
 	}
 }
@@ -102,30 +102,30 @@ func TestConvertPools(t *testing.T) {
 // valid is left out.
 func TestConvertKeepsLastGood(t *testing.T) {
 	p := testPool("main", 1, "192.0.2.0/28")
-	c, mem := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{p}}, crdMemory{})
-	if v := verdictOf(t, c, kindPool, "main"); v.err != nil || v.stale {
-		t.Fatalf("verdict %+v", v)
+	c, mem := Convert(Config{}, Objects{Pools: []*v1alpha1.LoadBalancerIPPool{p}}, Memory{})
+	if v := verdictOf(t, c, KindPool, "main"); v.Err != nil || v.Stale {
+		t.Fatalf("Verdict %+v", v)
 	}
 	bad := p.DeepCopy()
 	bad.Spec.Addresses = []string{"192.0.2.0/33"}
 	bad.Generation = 2
-	c, mem = convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{bad}}, mem)
-	v := verdictOf(t, c, kindPool, "main")
-	if v.err == nil || !v.stale || v.generation != 2 {
-		t.Errorf("verdict %+v, want invalid and stale at generation 2", v)
+	c, mem = Convert(Config{}, Objects{Pools: []*v1alpha1.LoadBalancerIPPool{bad}}, mem)
+	v := verdictOf(t, c, KindPool, "main")
+	if v.Err == nil || !v.Stale || v.Generation != 2 {
+		t.Errorf("Verdict %+v, want invalid and stale at generation 2", v)
 	}
-	if len(c.cfg.Pools) != 1 || !reflect.DeepEqual(c.cfg.Pools[0].Addresses, []string{"192.0.2.0/28"}) {
-		t.Errorf("pools %+v, want the last good main", c.cfg.Pools)
+	if len(c.Config.Pools) != 1 || !reflect.DeepEqual(c.Config.Pools[0].Addresses, []string{"192.0.2.0/28"}) {
+		t.Errorf("pools %+v, want the last good main", c.Config.Pools)
 	}
 	// Deleted, then created again invalid under the same name: nothing
 	// of the old object is remembered.
-	c, mem = convertCRDs(Config{}, crdObjects{}, mem)
-	if len(mem.pools) != 0 || len(c.cfg.Pools) != 0 {
-		t.Errorf("a deleted pool is remembered: %+v, %+v", mem.pools, c.cfg.Pools)
+	c, mem = Convert(Config{}, Objects{}, mem)
+	if len(mem.pools) != 0 || len(c.Config.Pools) != 0 {
+		t.Errorf("a deleted pool is remembered: %+v, %+v", mem.pools, c.Config.Pools)
 	}
-	c, _ = convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{bad}}, mem)
-	if v := verdictOf(t, c, kindPool, "main"); v.err == nil || v.stale || len(c.cfg.Pools) != 0 {
-		t.Errorf("verdict %+v, pools %+v: want invalid and left out", v, c.cfg.Pools)
+	c, _ = Convert(Config{}, Objects{Pools: []*v1alpha1.LoadBalancerIPPool{bad}}, mem)
+	if v := verdictOf(t, c, KindPool, "main"); v.Err == nil || v.Stale || len(c.Config.Pools) != 0 {
+		t.Errorf("Verdict %+v, pools %+v: want invalid and left out", v, c.Config.Pools)
 	}
 }
 
@@ -142,17 +142,17 @@ func TestConvertPeers(t *testing.T) {
 	noSecret.Spec.PasswordSecret = &v1alpha1.SecretKeyRef{Name: "missing", Key: "password"}
 	ibgp := testPeer("ibgp", 6, 64513, "10.0.0.6")
 	ibgp.Spec.PeerASN, ibgp.Spec.EBGPMultihop = 64513, 2
-	in := crdObjects{
-		peers: []*v1alpha1.BGPPeer{withPW, noSecret, ibgp, testPeer("otherasn", 3, 64999, "10.0.0.3"),
+	in := Objects{
+		Peers: []*v1alpha1.BGPPeer{withPW, noSecret, ibgp, testPeer("otherasn", 3, 64999, "10.0.0.3"),
 			testPeer("again", 4, 64513, "10.0.0.1"), testPeer("second", 5, 64513, "2001:db8::1")},
-		secrets: map[string]map[string][]byte{"bgp": {"password": []byte("s3cret")}},
+		Secrets: map[string]map[string][]byte{"bgp": {"password": []byte("s3cret")}},
 	}
-	c, mem := convertCRDs(Config{}, in, crdMemory{})
-	wantInvalid(t, c, kindPeer, "nosecret", `no Secret "missing"`)
-	wantInvalid(t, c, kindPeer, "otherasn", "myASN 64999 differs from BGPPeer tor's 64513")
-	wantInvalid(t, c, kindPeer, "again", "peer 10.0.0.1 is configured already")
-	wantInvalid(t, c, kindPeer, "ibgp", "ebgpMultihop is for eBGP")
-	cfg := c.forNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	c, mem := Convert(Config{}, in, Memory{})
+	wantInvalid(t, c, KindPeer, "nosecret", `no Secret "missing"`)
+	wantInvalid(t, c, KindPeer, "otherasn", "myASN 64999 differs from BGPPeer tor's 64513")
+	wantInvalid(t, c, KindPeer, "again", "peer 10.0.0.1 is configured already")
+	wantInvalid(t, c, KindPeer, "ibgp", "ebgpMultihop is for eBGP")
+	cfg := c.ForNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	want := &bgp.Config{ASN: 64513, Peers: []bgp.Peer{
 		{Address: "10.0.0.1", ASN: 64512, Password: "s3cret", HoldTimeSeconds: 9, BFD: true},
 		{Address: "2001:db8::1", ASN: 64512}}}
@@ -160,12 +160,12 @@ func TestConvertPeers(t *testing.T) {
 		t.Errorf("bgp %+v (err %v), want %+v", cfg.BGP, cfg.bgpErr, want)
 	}
 
-	in.secrets = nil
-	c, _ = convertCRDs(Config{}, in, mem)
-	if v := verdictOf(t, c, kindPeer, "tor"); v.err == nil || !v.stale {
-		t.Errorf("tor without its Secret: verdict %+v, want invalid and stale", v)
+	in.Secrets = nil
+	c, _ = Convert(Config{}, in, mem)
+	if v := verdictOf(t, c, KindPeer, "tor"); v.Err == nil || !v.Stale {
+		t.Errorf("tor without its Secret: Verdict %+v, want invalid and stale", v)
 	}
-	if cfg := c.forNode(nil); cfg.BGP == nil || cfg.BGP.Peers[0].Password != "s3cret" {
+	if cfg := c.ForNode(nil); cfg.BGP == nil || cfg.BGP.Peers[0].Password != "s3cret" {
 		t.Errorf("tor's last good password is gone: %+v", cfg.BGP)
 	}
 
@@ -174,11 +174,11 @@ func TestConvertPeers(t *testing.T) {
 	file := &bgp.Config{ASN: 64513, RouterID: "10.1.1.1", Peers: []bgp.Peer{{Address: "10.0.0.9", ASN: 64512}}}
 	rid := testPeer("rid", 1, 64513, "10.0.0.1")
 	rid.Spec.RouterID = &v1alpha1.NodeValue{Label: "example.net/router-id"}
-	c, _ = convertCRDs(Config{BGP: file}, crdObjects{peers: []*v1alpha1.BGPPeer{rid, testPeer("dup", 2, 64513, "10.0.0.9"),
-		testPeer("ok", 3, 64513, "10.0.0.5")}}, crdMemory{})
-	wantInvalid(t, c, kindPeer, "rid", "come from the configuration file")
-	wantInvalid(t, c, kindPeer, "dup", "configured already")
-	if cfg := c.forNode(nil); cfg.BGP.RouterID != "10.1.1.1" || len(cfg.BGP.Peers) != 2 || cfg.BGP.Peers[1].Address != "10.0.0.5" {
+	c, _ = Convert(Config{BGP: file}, Objects{Peers: []*v1alpha1.BGPPeer{rid, testPeer("dup", 2, 64513, "10.0.0.9"),
+		testPeer("ok", 3, 64513, "10.0.0.5")}}, Memory{})
+	wantInvalid(t, c, KindPeer, "rid", "come from the configuration file")
+	wantInvalid(t, c, KindPeer, "dup", "configured already")
+	if cfg := c.ForNode(nil); cfg.BGP.RouterID != "10.1.1.1" || len(cfg.BGP.Peers) != 2 || cfg.BGP.Peers[1].Address != "10.0.0.5" {
 		t.Errorf("bgp %+v, want the file's with peer 10.0.0.5 added", cfg.BGP)
 	}
 	if len(file.Peers) != 1 {
@@ -198,7 +198,7 @@ func TestForNodeBGP(t *testing.T) {
 	other.ObjectMeta = meta("rack-b", 2)
 	other.Spec.PeerAddress = "10.0.0.2"
 	other.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "b"}}
-	c, _ := convertCRDs(Config{}, crdObjects{peers: []*v1alpha1.BGPPeer{rack, other}}, crdMemory{})
+	c, _ := Convert(Config{}, Objects{Peers: []*v1alpha1.BGPPeer{rack, other}}, Memory{})
 	node := func(name, rack, rid string) *corev1.Node {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"rack": rack}, Annotations: map[string]string{}},
 			Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.1.5"},
@@ -208,18 +208,18 @@ func TestForNodeBGP(t *testing.T) {
 		}
 		return n
 	}
-	a := c.forNode(node("a1", "a", "1.1.1.1"))
+	a := c.ForNode(node("a1", "a", "1.1.1.1"))
 	if a.BGP == nil || a.bgpErr != nil || a.BGP.RouterID != "1.1.1.1" || a.BGP.NextHopIPv6 != "2001:db8:1::5" ||
 		len(a.BGP.Peers) != 1 || a.BGP.Peers[0].Address != "10.0.0.1" {
 		t.Errorf("node a1: bgp %+v, err %v", a.BGP, a.bgpErr)
 	}
-	if b := c.forNode(node("b1", "b", "")); b.bgpErr == nil || !strings.Contains(b.bgpErr.Error(), "annotation example.net/router-id") {
+	if b := c.ForNode(node("b1", "b", "")); b.bgpErr == nil || !strings.Contains(b.bgpErr.Error(), "annotation example.net/router-id") {
 		t.Errorf("node b1 without a router ID: err %v", b.bgpErr)
 	}
-	if cfg := c.forNode(node("c1", "c", "1.1.1.3")); cfg.BGP != nil {
+	if cfg := c.ForNode(node("c1", "c", "1.1.1.3")); cfg.BGP != nil {
 		t.Errorf("node c1, picked by no peer, runs bgp %+v", cfg.BGP)
 	}
-	if cfg := c.forNode(node("a2", "a", "2001:db8::1")); cfg.bgpErr == nil {
+	if cfg := c.ForNode(node("a2", "a", "2001:db8::1")); cfg.bgpErr == nil {
 		t.Errorf("an IPv6 router ID was taken")
 	}
 }
@@ -228,23 +228,23 @@ func TestForNodeBGP(t *testing.T) {
 // interfaces; with none, the file's l2 section applies everywhere.
 func TestForNodeL2(t *testing.T) {
 	base := Config{L2: &l2.Config{LeaseRenewSeconds: 2}}
-	c, _ := convertCRDs(base, crdObjects{}, crdMemory{})
-	if cfg := c.forNode(nil); !reflect.DeepEqual(cfg.L2, base.L2) {
+	c, _ := Convert(base, Objects{}, Memory{})
+	if cfg := c.ForNode(nil); !reflect.DeepEqual(cfg.L2, base.L2) {
 		t.Errorf("without advertisements: l2 %+v, want the file's", cfg.L2)
 	}
 	a := &v1alpha1.L2Advertisement{ObjectMeta: meta("a", 1), Spec: v1alpha1.L2AdvertisementSpec{
 		NodeSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"l2": "yes"}}}, Interfaces: []string{"eth1"}}}
 	b := &v1alpha1.L2Advertisement{ObjectMeta: meta("b", 2), Spec: v1alpha1.L2AdvertisementSpec{InterfacePattern: "bond0\\.[0-9]+"}}
 	bad := &v1alpha1.L2Advertisement{ObjectMeta: meta("bad", 3), Spec: v1alpha1.L2AdvertisementSpec{InterfacePattern: "eth("}}
-	c, _ = convertCRDs(base, crdObjects{l2Ads: []*v1alpha1.L2Advertisement{a, b, bad}}, crdMemory{})
-	wantInvalid(t, c, kindL2Ad, "bad", "interfacePattern")
-	on := c.forNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"l2": "yes"}}})
+	c, _ = Convert(base, Objects{L2Ads: []*v1alpha1.L2Advertisement{a, b, bad}}, Memory{})
+	wantInvalid(t, c, KindL2Ad, "bad", "interfacePattern")
+	on := c.ForNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"l2": "yes"}}})
 	if on.L2 == nil || !reflect.DeepEqual(on.L2.Interfaces, []string{"eth1"}) || on.L2.LeaseRenewSeconds != 2 ||
 		!reflect.DeepEqual(on.l2Patterns, []string{"bond0\\.[0-9]+"}) {
 		t.Errorf("picked node: l2 %+v, patterns %v", on.L2, on.l2Patterns)
 	}
-	c, _ = convertCRDs(base, crdObjects{l2Ads: []*v1alpha1.L2Advertisement{a}}, crdMemory{})
-	if off := c.forNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}); off.L2 != nil {
+	c, _ = Convert(base, Objects{L2Ads: []*v1alpha1.L2Advertisement{a}}, Memory{})
+	if off := c.ForNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}); off.L2 != nil {
 		t.Errorf("a node no advertisement picks runs l2 %+v", off.L2)
 	}
 }
@@ -261,14 +261,14 @@ func TestAnnouncer(t *testing.T) {
 	byName := &v1alpha1.BGPAdvertisement{ObjectMeta: meta("byname", 2), Spec: v1alpha1.BGPAdvertisementSpec{
 		PoolSelection: v1alpha1.PoolSelection{IPAddressPools: []string{"green"}},
 		NodeSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"edge": "yes"}}}}}
-	c, _ := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{blue, green},
-		bgpAds: []*v1alpha1.BGPAdvertisement{byLabel, byName}}, crdMemory{})
-	p, err := c.forNode(nil).parse()
+	c, _ := Convert(Config{}, Objects{Pools: []*v1alpha1.LoadBalancerIPPool{blue, green},
+		BGPAds: []*v1alpha1.BGPAdvertisement{byLabel, byName}}, Memory{})
+	p, err := c.ForNode(nil).Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodes := map[string]labels.Set{"edge": {"edge": "yes"}, "core": {}}
-	an := p.announcer(func(n string) labels.Set { return nodes[n] })
+	an := p.Announcer(func(n string) labels.Set { return nodes[n] })
 	for _, tc := range []struct {
 		ip, node string
 		want     bool
@@ -277,10 +277,10 @@ func TestAnnouncer(t *testing.T) {
 		{"198.51.100.1", "edge", true}, {"198.51.100.1", "core", false},
 		{"203.0.113.9", "edge", false}, // in no pool, and every advertisement names pools
 	} {
-		if got := an.bgpAllows(netip.MustParseAddr(tc.ip), tc.node); got != tc.want {
+		if got := an.BGPAllows(netip.MustParseAddr(tc.ip), tc.node); got != tc.want {
 			t.Errorf("bgp %s from %s: %v, want %v", tc.ip, tc.node, got, tc.want)
 		}
-		if !an.l2Allows(netip.MustParseAddr(tc.ip), tc.node) {
+		if !an.L2Allows(netip.MustParseAddr(tc.ip), tc.node) {
 			t.Errorf("l2 %s from %s refused without any L2Advertisement", tc.ip, tc.node)
 		}
 	}
@@ -311,21 +311,21 @@ func TestBGPRouteAttributes(t *testing.T) {
 		agg("nopools", 5, 26, 128),
 		{ObjectMeta: meta("badcommunity", 6), Spec: v1alpha1.BGPAdvertisementSpec{Communities: []string{"65536:1"}}},
 	}
-	c, _ := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{aligned, ragged}, bgpAds: ads}, crdMemory{})
-	wantInvalid(t, c, kindBGPAd, "toowide", `pool "aligned"'s addresses 192.0.2.0/26 are not whole /24 prefixes`)
-	wantInvalid(t, c, kindBGPAd, "ragged", `pool "ragged"'s addresses 198.51.100.1-198.51.100.62 are not whole /26 prefixes`)
-	wantInvalid(t, c, kindBGPAd, "nopools", "aggregationLength needs ipAddressPools")
-	wantInvalid(t, c, kindBGPAd, "badcommunity", `community "65536:1"`)
+	c, _ := Convert(Config{}, Objects{Pools: []*v1alpha1.LoadBalancerIPPool{aligned, ragged}, BGPAds: ads}, Memory{})
+	wantInvalid(t, c, KindBGPAd, "toowide", `pool "aligned"'s addresses 192.0.2.0/26 are not whole /24 prefixes`)
+	wantInvalid(t, c, KindBGPAd, "ragged", `pool "ragged"'s addresses 198.51.100.1-198.51.100.62 are not whole /26 prefixes`)
+	wantInvalid(t, c, KindBGPAd, "nopools", "aggregationLength needs ipAddressPools")
+	wantInvalid(t, c, KindBGPAd, "badcommunity", `community "65536:1"`)
 	for _, ok := range []string{"tagged", "wide"} {
-		if v := verdictOf(t, c, kindBGPAd, ok); v.err != nil {
-			t.Errorf("%s: %v", ok, v.err)
+		if v := verdictOf(t, c, KindBGPAd, ok); v.Err != nil {
+			t.Errorf("%s: %v", ok, v.Err)
 		}
 	}
-	p, err := c.forNode(nil).parse()
+	p, err := c.ForNode(nil).Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
-	an := p.announcer(func(string) labels.Set { return labels.Set{} })
+	an := p.Announcer(func(string) labels.Set { return labels.Set{} })
 	for _, tc := range []struct {
 		ip   string
 		want []string
@@ -342,64 +342,11 @@ func TestBGPRouteAttributes(t *testing.T) {
 		{"203.0.113.1", nil}, // in no pool, and every advertisement names pools
 	} {
 		var got []string
-		for _, r := range an.bgpRoutes(netip.MustParseAddr(tc.ip), "node1") {
+		for _, r := range an.BGPRoutes(netip.MustParseAddr(tc.ip), "node1") {
 			got = append(got, r.String())
 		}
 		if !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("routes of %s:\n got %q\nwant %q", tc.ip, got, tc.want)
-		}
-	}
-}
-
-// An address a Service keeps after its pool shrank is in no pool, yet a
-// pool-picking advertisement keeps announcing it when it picks the pool
-// the Service names, or one that admits it: as a host route, even under
-// an aggregating advertisement. A Service naming another pool, or one no
-// picked pool admits, is not announced by it.
-func TestAnnouncerKeptAddress(t *testing.T) {
-	shrunk := testPool("shrunk", 1, "192.0.2.0/28")
-	other := testPool("other", 2, "198.51.100.0/28")
-	other.Spec.Namespaces = []string{"team-b"}
-	l := int32(28)
-	ad := &v1alpha1.BGPAdvertisement{ObjectMeta: meta("shrunk", 1), Spec: v1alpha1.BGPAdvertisementSpec{
-		PoolSelection: v1alpha1.PoolSelection{IPAddressPools: []string{"shrunk"}}, AggregationLength: &l, Communities: []string{"1:1"}}}
-	c, _ := convertCRDs(Config{}, crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{shrunk, other},
-		bgpAds: []*v1alpha1.BGPAdvertisement{ad}}, crdMemory{})
-	p, err := c.forNode(nil).parse()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb := func(ns, name, ip string, ann map[string]string) *corev1.Service {
-		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
-		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip}}
-		return s
-	}
-	services := []*corev1.Service{
-		lb("team-a", "kept", "192.0.2.100", nil),                                                // admitted by shrunk only
-		lb("team-b", "named", "192.0.2.101", map[string]string{AnnotationAddressPool: "other"}), // came from other
-		lb("team-b", "inpool", "192.0.2.5", nil),
-	}
-	an := p.announcer(func(string) labels.Set { return labels.Set{} })
-	an.kept = p.keptPools(services)
-	for _, tc := range []struct {
-		ip   string
-		want []string
-	}{
-		{"192.0.2.100", []string{"192.0.2.100/32 communities 1:1"}},
-		{"192.0.2.101", nil},
-		{"192.0.2.5", []string{"192.0.2.0/28 communities 1:1"}},
-		{"203.0.113.1", nil}, // nobody's
-	} {
-		var got []string
-		for _, r := range an.bgpRoutes(netip.MustParseAddr(tc.ip), "node1") {
-			got = append(got, r.String())
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("routes of %s: got %q, want %q", tc.ip, got, tc.want)
-		}
-		if an.bgpAllows(netip.MustParseAddr(tc.ip), "node1") != (tc.want != nil) {
-			t.Errorf("bgpAllows(%s) disagrees with its routes %q", tc.ip, got)
 		}
 	}
 }

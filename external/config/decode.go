@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"bytes"
@@ -8,11 +8,11 @@ import (
 	"io"
 )
 
-// DecodeConfig decodes the external section of the agent's configuration
+// Decode decodes the external section of the agent's configuration
 // strictly: a key it does not know is an error naming it, not a setting
 // silently ignored (MetalLB's communities, passwordSecret or interface
 // look plausible here and would otherwise do nothing).
-func DecodeConfig(raw []byte) (Config, error) {
+func Decode(raw []byte) (Config, error) {
 	var c Config
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()

@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 // their name; known ones decode.
 func TestDecodeConfigStrict(t *testing.T) {
 	good := `{"pools": [{"name": "main", "addresses": ["192.0.2.10"]}], "leaseNamespace": "onehop-leases", "separateController": true}`
-	c, err := DecodeConfig([]byte(good))
+	c, err := Decode([]byte(good))
 	if err != nil {
 		t.Fatalf("valid section: %v", err)
 	}
@@ -23,7 +23,7 @@ func TestDecodeConfigStrict(t *testing.T) {
 		{`{"l2": {"interface": "eth0"}}`, "interface"},
 		{`{"pools": []} {"pools": []}`, "trailing"},
 	} {
-		if _, err := DecodeConfig([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Decode([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one naming %q", tc.in, err, tc.want)
 		}
 	}

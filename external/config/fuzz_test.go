@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"encoding/json"
@@ -58,7 +58,7 @@ func FuzzConfig(f *testing.F) {
 		if json.Unmarshal(data, &c) != nil {
 			return
 		}
-		p, err := c.parse()
+		p, err := c.Parse()
 		if err != nil {
 			return
 		}
@@ -77,8 +77,8 @@ func FuzzConfig(f *testing.F) {
 		}
 		for _, a := range []string{"192.0.2.1", "203.0.113.7", "2001:db8::1", "::ffff:192.0.2.1", "0.0.0.0"} {
 			ip := netip.MustParseAddr(a)
-			p.externalIPAllowed(ip)
-			p.podIPRefused(ip, "a")
+			p.ExternalIPAllowed(ip)
+			p.PodIPRefused(ip, "a")
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"errors"
@@ -14,14 +14,14 @@ import (
 	"github.com/onehop/onehop/external/l2"
 )
 
-// forNode is the configuration one node runs (node is nil when its Node
+// ForNode is the configuration one node runs (node is nil when its Node
 // object is not known): the BGP peers whose nodeSelector picks it, with
 // its own router ID and next hops read from its Node; the L2 responder
 // when an L2Advertisement picks it (or, with none, as the file says), on
 // the interfaces the advertisements that pick it name. The controller runs
 // cfg as it is: it announces nothing.
-func (c *crdConfig) forNode(node *corev1.Node) Config {
-	cfg := c.cfg
+func (c *Converted) ForNode(node *corev1.Node) Config {
+	cfg := c.Config
 	ads := c.ads
 	cfg.ads = &ads
 	var nl labels.Set
@@ -29,18 +29,18 @@ func (c *crdConfig) forNode(node *corev1.Node) Config {
 		nl = node.Labels
 	}
 	var sel []bgp.Peer
-	for _, p := range c.peers {
+	for _, p := range c.Peers {
 		if p.nodes == nil || p.nodes.Matches(nl) {
 			sel = append(sel, p.peer)
 		}
 	}
 	switch {
-	case len(sel) > 0 && c.cfg.BGP != nil:
-		b := *c.cfg.BGP
+	case len(sel) > 0 && c.Config.BGP != nil:
+		b := *c.Config.BGP
 		b.Peers = append(slices.Clone(b.Peers), sel...)
 		cfg.BGP = &b
 	case len(sel) > 0:
-		ref := c.peers[0]
+		ref := c.Peers[0]
 		b := bgp.Config{ASN: ref.asn, Peers: sel}
 		var errs [3]error
 		b.RouterID, errs[0] = nodeValue(node, ref.routerID, false, "routerID")
@@ -48,25 +48,25 @@ func (c *crdConfig) forNode(node *corev1.Node) Config {
 		b.NextHopIPv6, errs[2] = nodeValue(node, ref.nextHop6, true, "nextHopIPv6")
 		cfg.BGP, cfg.bgpErr = &b, errors.Join(errs[:]...)
 	}
-	if len(c.ads.l2) > 0 {
+	if len(c.ads.L2) > 0 {
 		cfg.L2 = nil
 		var ifaces, patterns []string
 		picked := false
-		for i := range c.ads.l2 {
-			a := &c.ads.l2[i]
+		for i := range c.ads.L2 {
+			a := &c.ads.L2[i]
 			if !a.selectsNode(nl) {
 				continue
 			}
 			picked = true
-			ifaces = append(ifaces, a.interfaces...)
-			if a.pattern != "" {
-				patterns = append(patterns, a.pattern)
+			ifaces = append(ifaces, a.Interfaces...)
+			if a.Pattern != "" {
+				patterns = append(patterns, a.Pattern)
 			}
 		}
 		if picked {
 			var l l2.Config
-			if c.cfg.L2 != nil {
-				l = *c.cfg.L2
+			if c.Config.L2 != nil {
+				l = *c.Config.L2
 			}
 			if len(ifaces)+len(patterns) > 0 {
 				slices.Sort(ifaces)

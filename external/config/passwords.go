@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"bytes"
@@ -33,21 +33,21 @@ const BGPPasswordsKey = "passwords"
 // A key a LoadBalancerWebhook reads (its HMAC key, its CA) is left out and
 // named in webhookKeys with the webhook's name: a BGPPeer must not carry
 // the webhook's key to every node.
-func bgpPasswords(in crdObjects) (values map[string]map[string][]byte, webhookKeys map[v1alpha1.SecretKeyRef]string) {
+func bgpPasswords(in Objects) (values map[string]map[string][]byte, webhookKeys map[v1alpha1.SecretKeyRef]string) {
 	webhookKeys = map[v1alpha1.SecretKeyRef]string{}
-	for _, o := range in.webhooks {
+	for _, o := range in.Webhooks {
 		webhookKeys[o.Spec.SecretRef] = o.Name
 		if ca := o.Spec.CAFrom; ca != nil && ca.SecretKeyRef != nil {
 			webhookKeys[*ca.SecretKeyRef] = o.Name
 		}
 	}
 	values = map[string]map[string][]byte{}
-	for _, o := range in.peers {
+	for _, o := range in.Peers {
 		ref := o.Spec.PasswordSecret
 		if ref == nil || webhookKeys[*ref] != "" {
 			continue
 		}
-		v, ok := in.secrets[ref.Name][ref.Key]
+		v, ok := in.Secrets[ref.Name][ref.Key]
 		if !ok {
 			continue
 		}
@@ -83,14 +83,13 @@ func encodePasswords(pw map[string]map[string][]byte) []byte {
 	return b
 }
 
-// publishPasswords brings the published Secret to the passwords in force
-// (crdWatch.passwords): the controller's leader calls it, once a look, and
+// PublishPasswords brings the published Secret to the passwords in force
+// (the last Convert's): the controller's leader calls it, once a look, and
 // writes only when they differ from what its cache of the lease namespace's
 // Secrets shows. With no password and no Secret it creates nothing. It
 // returns when to try again after a failed write (zero when none failed).
-func (h *Hook) publishPasswords(ctx context.Context) time.Time {
-	w := h.crd
-	ns := h.conf().LeaseNamespace
+func (w *Watch) PublishPasswords(ctx context.Context) time.Time {
+	ns := w.o.Namespace
 	var cur *corev1.Secret
 	rv := ""
 	if o, ok, _ := w.secret.GetStore().GetByKey(ns + "/" + BGPPasswordsSecretName); ok {
@@ -107,7 +106,7 @@ func (h *Hook) publishPasswords(ctx context.Context) time.Time {
 	if cur == nil && len(w.passwords) == 0 || cur != nil && bytes.Equal(cur.Data[BGPPasswordsKey], data) && len(cur.Data) == 1 {
 		return time.Time{}
 	}
-	secrets := h.client.CoreV1().Secrets(ns)
+	secrets := w.o.Client.CoreV1().Secrets(ns)
 	var err error
 	if cur == nil {
 		_, err = secrets.Create(ctx, &corev1.Secret{
@@ -123,12 +122,12 @@ func (h *Hook) publishPasswords(ctx context.Context) time.Time {
 	}
 	if err != nil {
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			h.log.Warn("external: the BGP passwords for the node agents not written; trying again", "secret", BGPPasswordsSecretName, "err", err)
+			w.o.Log.Warn("external: the BGP passwords for the node agents not written; trying again", "secret", BGPPasswordsSecretName, "err", err)
 		}
-		return time.Now().Add(retryFirst)
+		return time.Now().Add(retryAfter)
 	}
 	w.publishedOver = &rv
-	h.log.Info("external: BGP passwords published for the node agents", "secret", BGPPasswordsSecretName, "secrets", len(w.passwords))
+	w.o.Log.Info("external: BGP passwords published for the node agents", "secret", BGPPasswordsSecretName, "secrets", len(w.passwords))
 	return time.Time{}
 }
 
@@ -136,7 +135,7 @@ func (h *Hook) publishPasswords(ctx context.Context) time.Time {
 // custom resources with: a node agent of a split install reads only the
 // passwords the controller publishes; a process that runs the cluster-wide
 // part reads every Secret of the namespace but the published one.
-func (w *crdWatch) secretData(log *slog.Logger) map[string]map[string][]byte {
+func (w *Watch) secretData(log *slog.Logger) map[string]map[string][]byte {
 	out := map[string]map[string][]byte{}
 	for _, o := range w.secret.GetStore().List() {
 		s := o.(*corev1.Secret)

@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"reflect"
@@ -23,22 +23,22 @@ func TestPublishedPasswords(t *testing.T) {
 	missing := testPeer("missing", 3, 64513, "10.0.0.3")
 	missing.Spec.PasswordSecret = &v1alpha1.SecretKeyRef{Name: "bgp", Key: "other-tenant"}
 	wh := testWebhook("lb", 1, "https://lb.example.net/onehop")
-	ctl := crdObjects{
-		peers:    []*v1alpha1.BGPPeer{tor, leak, missing, testPeer("plain", 4, 64513, "10.0.0.4")},
-		webhooks: []*v1alpha1.LoadBalancerWebhook{wh},
-		secrets: map[string]map[string][]byte{
+	ctl := Objects{
+		Peers:    []*v1alpha1.BGPPeer{tor, leak, missing, testPeer("plain", 4, 64513, "10.0.0.4")},
+		Webhooks: []*v1alpha1.LoadBalancerWebhook{wh},
+		Secrets: map[string]map[string][]byte{
 			"bgp":     {"password": []byte("s3cret"), "unnamed": []byte("x")},
 			"hook":    {"hmac": []byte("k3y")},
 			"someone": {"password": []byte("theirs")},
 		},
 	}
-	c, _ := convertCRDs(Config{}, ctl, crdMemory{})
+	c, _ := Convert(Config{}, ctl, Memory{})
 	want := map[string]map[string][]byte{"bgp": {"password": []byte("s3cret")}}
 	if !reflect.DeepEqual(c.passwords, want) {
 		t.Fatalf("published %q, want %q", c.passwords, want)
 	}
-	wantInvalid(t, c, kindPeer, "leak", `key "hmac" of Secret "hook" is read by LoadBalancerWebhook lb`)
-	wantInvalid(t, c, kindPeer, "missing", `Secret "bgp" has no key "other-tenant"`)
+	wantInvalid(t, c, KindPeer, "leak", `key "hmac" of Secret "hook" is read by LoadBalancerWebhook lb`)
+	wantInvalid(t, c, KindPeer, "missing", `Secret "bgp" has no key "other-tenant"`)
 
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: BGPPasswordsSecretName}, Data: map[string][]byte{BGPPasswordsKey: encodePasswords(c.passwords)}}
 	got, err := decodePasswords(s)
@@ -46,14 +46,14 @@ func TestPublishedPasswords(t *testing.T) {
 		t.Fatalf("decoded %q, %v; want %q", got, err, want)
 	}
 	node := ctl
-	node.webhooks, node.secrets = nil, got
-	n, _ := convertCRDs(Config{}, node, crdMemory{})
-	if a, b := c.forNode(nil).BGP, n.forNode(nil).BGP; !reflect.DeepEqual(a, b) {
+	node.Webhooks, node.Secrets = nil, got
+	n, _ := Convert(Config{}, node, Memory{})
+	if a, b := c.ForNode(nil).BGP, n.ForNode(nil).BGP; !reflect.DeepEqual(a, b) {
 		t.Errorf("node agent's peers %+v, controller's %+v", b, a)
 	}
 	for _, name := range []string{"tor", "plain"} {
-		if v := verdictOf(t, n, kindPeer, name); v.err != nil {
-			t.Errorf("node agent: %s %v", name, v.err)
+		if v := verdictOf(t, n, KindPeer, name); v.Err != nil {
+			t.Errorf("node agent: %s %v", name, v.Err)
 		}
 	}
 

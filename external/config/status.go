@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"context"
@@ -16,9 +16,13 @@ import (
 	"github.com/onehop/onehop/external/api/v1alpha1"
 )
 
-// crdStatus is the status onehop writes to one custom resource: its
+// retryAfter is when a failed write of a status or of the published
+// passwords is tried again.
+const retryAfter = time.Second
+
+// status is the status onehop writes to one custom resource: its
 // Accepted condition and, for a pool, how many addresses are used and free.
-type crdStatus struct {
+type status struct {
 	status, reason, message string
 	generation              int64
 	pool                    bool
@@ -26,28 +30,28 @@ type crdStatus struct {
 }
 
 // statusOf is the status a verdict calls for.
-func statusOf(v verdict, counts map[string][2]int64) crdStatus {
-	s := crdStatus{status: string(metav1.ConditionTrue), reason: v1alpha1.ReasonAccepted, message: "in force", generation: v.generation}
-	if v.note != "" {
-		s.message += ", " + v.note
+func statusOf(v Verdict, counts map[string][2]int64) status {
+	s := status{status: string(metav1.ConditionTrue), reason: v1alpha1.ReasonAccepted, message: "in force", generation: v.Generation}
+	if v.Note != "" {
+		s.message += ", " + v.Note
 	}
-	if v.err != nil {
-		s.status, s.reason, s.message = string(metav1.ConditionFalse), v1alpha1.ReasonInvalid, v.err.Error()
-		if v.stale {
+	if v.Err != nil {
+		s.status, s.reason, s.message = string(metav1.ConditionFalse), v1alpha1.ReasonInvalid, v.Err.Error()
+		if v.Stale {
 			s.message += "; its last accepted version stays in force"
 		}
 	}
-	if v.kind == kindPool {
+	if v.Kind == KindPool {
 		s.pool = true
-		s.used, s.free = counts[v.name][0], counts[v.name][1]
+		s.used, s.free = counts[v.Name][0], counts[v.Name][1]
 	}
 	return s
 }
 
 // current reads the status u has now, as far as onehop writes it, and the
 // last transition time of its Accepted condition.
-func current(u *unstructured.Unstructured, pool bool) (crdStatus, string) {
-	var s crdStatus
+func current(u *unstructured.Unstructured, pool bool) (status, string) {
+	var s status
 	var since string
 	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 	for _, c := range conds {
@@ -71,42 +75,39 @@ func current(u *unstructured.Unstructured, pool bool) (crdStatus, string) {
 
 func gvrOf(kind string) schema.GroupVersionResource {
 	switch kind {
-	case kindPool:
+	case KindPool:
 		return v1alpha1.LoadBalancerIPPools
-	case kindPeer:
+	case KindPeer:
 		return v1alpha1.BGPPeers
-	case kindBGPAd:
+	case KindBGPAd:
 		return v1alpha1.BGPAdvertisements
-	case kindWebhook:
+	case KindWebhook:
 		return v1alpha1.LoadBalancerWebhooks
 	}
 	return v1alpha1.L2Advertisements
 }
 
-// writeStatus brings every custom resource's status to what its last
-// verdict and the allocations say. Only the holder of the allocator Lease
-// calls it, so each object has one writer; per-node state (a node's
-// sessions, its router ID) is never written here. It returns when to try
-// again after a failed write (zero when none failed).
-func (h *Hook) writeStatus(ctx context.Context) time.Time {
-	h.mu.Lock()
-	verdicts := h.verdicts
-	h.mu.Unlock()
-	if h.statusSent == nil {
-		h.statusSent = map[string]crdStatus{}
+// WriteStatus brings every custom resource's status to what its last
+// verdict (verdicts) and the allocations (counts: each pool's used and
+// free addresses, Parsed.PoolCounts) say. Only the holder of the
+// allocator Lease calls it, so each object has one writer; per-node state
+// (a node's sessions, its router ID) is never written here. It returns
+// when to try again after a failed write (zero when none failed).
+func (w *Watch) WriteStatus(ctx context.Context, verdicts []Verdict, counts map[string][2]int64) time.Time {
+	if w.statusSent == nil {
+		w.statusSent = map[string]status{}
 	}
-	counts := h.poolCounts()
 	var again time.Time
 	for _, v := range verdicts {
-		u, ok := h.crd.object(v.kind, v.name)
-		if !ok || u.GetUID() != v.uid {
+		u, ok := w.object(v.Kind, v.Name)
+		if !ok || u.GetUID() != v.UID {
 			continue // gone, or replaced: the next reload has its verdict
 		}
 		want := statusOf(v, counts)
-		key := v.kind + "/" + string(v.uid)
+		key := v.Kind + "/" + string(v.UID)
 		have, since := current(u, want.pool)
-		if have == want || h.statusSent[key] == want {
-			h.statusSent[key] = want
+		if have == want || w.statusSent[key] == want {
+			w.statusSent[key] = want
 			continue
 		}
 		if have.status != want.status || since == "" {
@@ -121,34 +122,26 @@ func (h *Hook) writeStatus(ctx context.Context) time.Time {
 		}
 		body, err := json.Marshal(map[string]any{"status": status})
 		if err == nil {
-			_, err = h.dyn.Resource(gvrOf(v.kind)).Patch(ctx, v.name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+			_, err = w.o.Dynamic.Resource(gvrOf(v.Kind)).Patch(ctx, v.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
 		}
 		if err != nil {
-			h.log.Warn("external: custom resource status not written; trying again", "kind", v.kind, "name", v.name, "err", err)
-			again = earliest(again, time.Now().Add(retryFirst))
+			w.o.Log.Warn("external: custom resource status not written; trying again", "kind", v.Kind, "name", v.Name, "err", err)
+			if again.IsZero() {
+				again = time.Now().Add(retryAfter)
+			}
 			continue
 		}
-		h.statusSent[key] = want
+		w.statusSent[key] = want
 	}
 	return again
 }
 
-// poolCounts are each pool's used and free addresses: used are those
-// Services hold (the registry's last answer), free the rest, capped at
-// the largest int64.
-func (h *Hook) poolCounts() map[string][2]int64 {
-	h.regMu.Lock()
-	held := map[netip.Addr]bool{}
-	if h.own != nil {
-		for _, ips := range h.own.lb {
-			for _, ip := range ips {
-				held[ip] = true
-			}
-		}
-	}
-	h.regMu.Unlock()
+// PoolCounts are each pool's used and free addresses: used are those of
+// held (the load-balancer IPs Services hold), free the rest, capped at the
+// largest int64.
+func (p *Parsed) PoolCounts(held map[netip.Addr]bool) map[string][2]int64 {
 	out := map[string][2]int64{}
-	for _, p := range h.conf().pools {
+	for _, p := range p.IPAMPools {
 		size := new(big.Int)
 		for _, r := range p.Ranges {
 			size.Add(size, r.Size())

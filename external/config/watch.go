@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"context"
@@ -14,23 +14,49 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/onehop/onehop/external/api/v1alpha1"
 )
 
-// WithDynamicClient gives the hook the client it watches the onehop.io
-// custom resources with, and writes their status with (Config.CRDs).
-func WithDynamicClient(c dynamic.Interface) Option { return func(h *Hook) { h.dyn = c } }
+// WatchOptions say what a Watch follows.
+type WatchOptions struct {
+	// Dynamic reads the custom resources and writes their status;
+	// Client reads the Secrets and ConfigMaps of Namespace, the lease
+	// namespace, and writes the published BGP passwords.
+	Dynamic   dynamic.Interface
+	Client    kubernetes.Interface
+	Namespace string
+	Log       *slog.Logger
+	// ClusterWide: the process runs the hook's cluster-wide part. It reads
+	// the LoadBalancerWebhooks and the ConfigMaps of the lease namespace
+	// (the webhook's CA).
+	ClusterWide bool
+	// NodeAgent: a node agent of a split install, which reads the one
+	// Secret in which the controller publishes the BGP passwords
+	// (BGPPasswordsSecretName) and no other; Publisher: that controller,
+	// which publishes them (PublishPasswords).
+	NodeAgent, Publisher bool
+	// Node names this node, whose own Node object (Nodes' informer) picks
+	// its peers and settings by its labels and addresses: a change of it is
+	// a change too. Nil Nodes in the controller.
+	Node  string
+	Nodes cache.SharedIndexInformer
+	// Unwatched names a ConfigMap of the lease namespace that is no
+	// configuration (the controller's own grants, written on every claim).
+	Unwatched string
+}
 
-// crdWatch follows the custom resources (through the dynamic client: the
+// Watch follows the custom resources (through the dynamic client: the
 // objects are decoded into package v1alpha1's types as they are read) and
 // the Secrets of the lease namespace: where the cluster-wide part runs,
 // all of them (BGP passwords, the webhook's key), and the webhooks and the
 // ConfigMaps of the lease namespace (the webhook's CA); in a node agent of
 // a split install, the one Secret in which the controller publishes the
 // BGP passwords (BGPPasswordsSecretName).
-type crdWatch struct {
+type Watch struct {
+	o       WatchOptions
 	factory dynamicinformer.DynamicSharedInformerFactory
 	secrets informers.SharedInformerFactory
 	pools   cache.SharedIndexInformer
@@ -48,25 +74,28 @@ type crdWatch struct {
 	// own Node (its labels and addresses pick its peers and settings).
 	changed chan struct{}
 
-	// Run's goroutine alone: the last accepted version of each object;
-	// in the controller of a split install, the BGP passwords to publish
-	// (bgpPasswords) and, after a write, the resourceVersion it replaced
-	// ("" for none) until the cache shows another (publishPasswords).
-	mem           crdMemory
+	// The hook's Run goroutine alone: the last accepted version of each
+	// object; in the controller of a split install, the BGP passwords to
+	// publish (bgpPasswords) and, after a write, the resourceVersion it
+	// replaced ("" for none) until the cache shows another
+	// (PublishPasswords); the status last written to each object
+	// (WriteStatus).
+	mem           Memory
 	passwords     map[string]map[string][]byte
 	publishedOver *string
+	statusSent    map[string]status
 }
 
-// watchCRDs sets up the informers; Run starts them.
-func (h *Hook) watchCRDs() error {
-	w := &crdWatch{changed: make(chan struct{}, 1)}
-	w.factory = dynamicinformer.NewDynamicSharedInformerFactory(h.dyn, 0)
+// NewWatch sets up the informers; Start starts them.
+func NewWatch(o WatchOptions) (*Watch, error) {
+	w := &Watch{o: o, changed: make(chan struct{}, 1)}
+	w.factory = dynamicinformer.NewDynamicSharedInformerFactory(o.Dynamic, 0)
 	w.pools = w.factory.ForResource(v1alpha1.LoadBalancerIPPools).Informer()
 	w.peers = w.factory.ForResource(v1alpha1.BGPPeers).Informer()
 	w.bgpAds = w.factory.ForResource(v1alpha1.BGPAdvertisements).Informer()
 	w.l2Ads = w.factory.ForResource(v1alpha1.L2Advertisements).Informer()
-	secretOpts := []informers.SharedInformerOption{informers.WithNamespace(h.conf().LeaseNamespace)}
-	if h.role == roleNode {
+	secretOpts := []informers.SharedInformerOption{informers.WithNamespace(o.Namespace)}
+	if o.NodeAgent {
 		// The one Secret RBAC lets a node agent read (list and watch name
 		// it with the field selector metadata.name, so resourceNames
 		// holds).
@@ -75,15 +104,15 @@ func (h *Hook) watchCRDs() error {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", BGPPasswordsSecretName).String()
 		}))
 	}
-	w.secrets = informers.NewSharedInformerFactoryWithOptions(h.client, 0, secretOpts...)
+	w.secrets = informers.NewSharedInformerFactoryWithOptions(o.Client, 0, secretOpts...)
 	w.secret = w.secrets.Core().V1().Secrets().Informer()
-	if h.role.controller() {
+	if o.ClusterWide {
 		w.webhooks = w.factory.ForResource(v1alpha1.LoadBalancerWebhooks).Informer()
 		w.configMap = w.secrets.Core().V1().ConfigMaps().Informer()
 	}
-	signal := func(o any) {
-		if cm, ok := o.(*corev1.ConfigMap); ok && cm.Name == GrantsConfigMapName {
-			return // the controller's own grants, written on every claim: no configuration
+	signal := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Name == o.Unwatched {
+			return // no configuration
 		}
 		select {
 		case w.changed <- struct{}{}:
@@ -96,28 +125,55 @@ func (h *Hook) watchCRDs() error {
 			continue
 		}
 		if _, err := inf.AddEventHandler(on); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if h.role.node() {
-		own := func(o any) {
-			if n, ok := o.(*corev1.Node); ok && n.Name == h.node {
-				signal(o)
+	if o.Nodes != nil {
+		own := func(obj any) {
+			if n, ok := obj.(*corev1.Node); ok && n.Name == o.Node {
+				signal(obj)
 			}
 		}
-		if _, err := h.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: own, UpdateFunc: func(_, o any) { own(o) }}); err != nil {
-			return err
+		if _, err := o.Nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: own, UpdateFunc: func(_, obj any) { own(obj) }}); err != nil {
+			return nil, err
 		}
 	}
-	h.crd = w
-	return nil
+	return w, nil
 }
 
-// waitSynced waits until the caches hold complete listings, or ctx ends.
+// Start starts the informers until stop is closed.
+func (w *Watch) Start(stop <-chan struct{}) {
+	w.factory.Start(stop)
+	w.secrets.Start(stop)
+}
+
+// Shutdown waits for the informers to stop.
+func (w *Watch) Shutdown() {
+	w.secrets.Shutdown()
+	w.factory.Shutdown()
+}
+
+// Changed is signalled when something the configuration is made of
+// changed.
+func (w *Watch) Changed() <-chan struct{} { return w.changed }
+
+// Convert converts the objects as the caches hold them now (Convert),
+// remembering what it accepted for the next time; the controller of a
+// split install keeps the passwords to publish.
+func (w *Watch) Convert(base Config) Converted {
+	cc, mem := Convert(base, w.objects(w.o.Log), w.mem)
+	w.mem = mem
+	if w.o.Publisher {
+		w.passwords = cc.passwords
+	}
+	return cc
+}
+
+// WaitSynced waits until the caches hold complete listings, or ctx ends.
 // Nothing of the hook runs before (the registry must know the pools), so
 // while the API server does not serve the CRDs (deploy/base/crds not
 // installed) or refuses the listings, it says so every 30 s.
-func (w *crdWatch) waitSynced(ctx context.Context, log *slog.Logger) bool {
+func (w *Watch) WaitSynced(ctx context.Context) bool {
 	warn := time.NewTicker(30 * time.Second)
 	defer warn.Stop()
 	done := make(chan bool, 1)
@@ -133,7 +189,7 @@ func (w *crdWatch) waitSynced(ctx context.Context, log *slog.Logger) bool {
 		case ok := <-done:
 			return ok
 		case <-warn.C:
-			log.Error("external: still waiting for the onehop.io custom resources and the Secrets of the lease namespace (a node agent: the BGP passwords' Secret alone); are deploy/base/crds installed and the RBAC applied? Nothing of the cloud hook runs until then")
+			w.o.Log.Error("external: still waiting for the onehop.io custom resources and the Secrets of the lease namespace (a node agent: the BGP passwords' Secret alone); are deploy/base/crds installed and the RBAC applied? Nothing of the cloud hook runs until then")
 		}
 	}
 }
@@ -141,17 +197,17 @@ func (w *crdWatch) waitSynced(ctx context.Context, log *slog.Logger) bool {
 // objects reads the caches. An object that does not decode (the API
 // server validated it, so only a newer schema can do that) is logged and
 // left out.
-func (w *crdWatch) objects(log *slog.Logger) crdObjects {
-	in := crdObjects{
-		pools:   decodeAll[v1alpha1.LoadBalancerIPPool](w.pools, log),
-		peers:   decodeAll[v1alpha1.BGPPeer](w.peers, log),
-		bgpAds:  decodeAll[v1alpha1.BGPAdvertisement](w.bgpAds, log),
-		l2Ads:   decodeAll[v1alpha1.L2Advertisement](w.l2Ads, log),
-		secrets: w.secretData(log),
+func (w *Watch) objects(log *slog.Logger) Objects {
+	in := Objects{
+		Pools:   decodeAll[v1alpha1.LoadBalancerIPPool](w.pools, log),
+		Peers:   decodeAll[v1alpha1.BGPPeer](w.peers, log),
+		BGPAds:  decodeAll[v1alpha1.BGPAdvertisement](w.bgpAds, log),
+		L2Ads:   decodeAll[v1alpha1.L2Advertisement](w.l2Ads, log),
+		Secrets: w.secretData(log),
 	}
 	if w.webhooks != nil {
-		in.webhooks = decodeAll[v1alpha1.LoadBalancerWebhook](w.webhooks, log)
-		in.configMaps = map[string]map[string][]byte{}
+		in.Webhooks = decodeAll[v1alpha1.LoadBalancerWebhook](w.webhooks, log)
+		in.ConfigMaps = map[string]map[string][]byte{}
 		for _, o := range w.configMap.GetStore().List() {
 			cm := o.(*corev1.ConfigMap)
 			data := maps.Clone(cm.BinaryData)
@@ -161,7 +217,7 @@ func (w *crdWatch) objects(log *slog.Logger) crdObjects {
 			for k, v := range cm.Data {
 				data[k] = []byte(v)
 			}
-			in.configMaps[cm.Name] = data
+			in.ConfigMaps[cm.Name] = data
 		}
 	}
 	return in
@@ -185,8 +241,8 @@ func decodeAll[T any](inf cache.SharedIndexInformer, log *slog.Logger) []*T {
 }
 
 // object returns the cached object of a verdict, for its status.
-func (w *crdWatch) object(kind, name string) (*unstructured.Unstructured, bool) {
-	inf := map[string]cache.SharedIndexInformer{kindPool: w.pools, kindPeer: w.peers, kindBGPAd: w.bgpAds, kindL2Ad: w.l2Ads, kindWebhook: w.webhooks}[kind]
+func (w *Watch) object(kind, name string) (*unstructured.Unstructured, bool) {
+	inf := map[string]cache.SharedIndexInformer{KindPool: w.pools, KindPeer: w.peers, KindBGPAd: w.bgpAds, KindL2Ad: w.l2Ads, KindWebhook: w.webhooks}[kind]
 	if inf == nil {
 		return nil, false
 	}

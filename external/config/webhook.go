@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"bytes"
@@ -17,18 +17,18 @@ import (
 type webhookRule struct {
 	name  string
 	cfg   webhook.Config
-	pools *adRule
+	pools *AdRule
 }
 
 // addWebhooks checks the LoadBalancerWebhooks, oldest first: the hook runs
 // one sender, so the oldest accepted one is in force and replaces the
 // file's webhook section; a newer one is Invalid. It runs after the pools,
 // whose names and labels its pool selection is resolved against.
-func (out *crdConfig) addWebhooks(base Config, in crdObjects, mem, next crdMemory) {
+func (out *Converted) addWebhooks(base Config, in Objects, mem, next Memory) {
 	var inForce *webhookRule
-	for _, o := range oldestFirst(in.webhooks) {
-		v := verdict{kind: kindWebhook, name: o.Name, uid: o.UID, generation: o.Generation}
-		r, err := resolveWebhook(o, in.secrets, in.configMaps)
+	for _, o := range oldestFirst(in.Webhooks) {
+		v := Verdict{Kind: KindWebhook, Name: o.Name, UID: o.UID, Generation: o.Generation}
+		r, err := resolveWebhook(o, in.Secrets, in.ConfigMaps)
 		try := func(r webhookRule) error {
 			if inForce != nil {
 				return fmt.Errorf("LoadBalancerWebhook %s is in force: the hook sends to one webhook", inForce.name)
@@ -39,21 +39,21 @@ func (out *crdConfig) addWebhooks(base Config, in crdObjects, mem, next crdMemor
 		if r, ok := decide(&v, r, err, mem.webhooks, try); ok {
 			next.webhooks[o.UID] = r
 			if base.Webhook != nil {
-				v.note = "in place of the configuration file's webhook section"
+				v.Note = "in place of the configuration file's webhook section"
 			}
 		}
-		out.verdicts = append(out.verdicts, v)
+		out.Verdicts = append(out.Verdicts, v)
 	}
 	if inForce == nil {
 		return
 	}
 	cfg := inForce.cfg
-	out.cfg.Webhook = &cfg
+	out.Config.Webhook = &cfg
 	if inForce.pools != nil {
-		out.cfg.webhookPools = map[string]bool{}
-		for _, pc := range out.cfg.Pools {
-			if inForce.pools.selectsAddress(pc.Name, out.ads.poolLabels) {
-				out.cfg.webhookPools[pc.Name] = true
+		out.Config.webhookPools = map[string]bool{}
+		for _, pc := range out.Config.Pools {
+			if inForce.pools.selectsAddress(pc.Name, out.ads.PoolLabels) {
+				out.Config.webhookPools[pc.Name] = true
 			}
 		}
 	}
@@ -117,33 +117,33 @@ func keyValue(objs map[string]map[string][]byte, kind string, ref v1alpha1.Secre
 	return v, nil
 }
 
-// webhookPicks reports whether the webhook is told about ip: with no
+// WebhookPicks reports whether the webhook is told about ip: with no
 // pool selection every address, else those of the pools picked.
-func (p *parsed) webhookPicks(ip netip.Addr) bool {
+func (p *Parsed) WebhookPicks(ip netip.Addr) bool {
 	if p.webhookPools == nil {
 		return true
 	}
-	for i := range p.pools {
-		if p.pools[i].Contains(ip) {
-			return p.webhookPools[p.pools[i].Name]
+	for i := range p.IPAMPools {
+		if p.IPAMPools[i].Contains(ip) {
+			return p.webhookPools[p.IPAMPools[i].Name]
 		}
 	}
 	return false
 }
 
-// sameWebhook: the webhook sender need not start again.
-func sameWebhook(a, b *parsed) bool {
+// SameWebhook: the webhook sender need not start again.
+func SameWebhook(a, b *Parsed) bool {
 	return reflect.DeepEqual(a.Webhook, b.Webhook) && reflect.DeepEqual(a.webhookPools, b.webhookPools)
 }
 
-// webhookSource says where the webhook in force comes from.
-func (c *crdConfig) webhookSource(base Config) string {
-	for _, v := range c.verdicts {
-		if v.kind == kindWebhook && (v.err == nil || v.stale) {
+// WebhookSource says where the webhook in force comes from.
+func (c *Converted) WebhookSource(base Config) string {
+	for _, v := range c.Verdicts {
+		if v.Kind == KindWebhook && (v.Err == nil || v.Stale) {
 			if base.Webhook != nil {
-				return "LoadBalancerWebhook " + v.name + ", in place of the configuration file's webhook section"
+				return "LoadBalancerWebhook " + v.Name + ", in place of the configuration file's webhook section"
 			}
-			return "LoadBalancerWebhook " + v.name
+			return "LoadBalancerWebhook " + v.Name
 		}
 	}
 	if base.Webhook != nil {

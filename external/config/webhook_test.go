@@ -1,4 +1,4 @@
-package external
+package config
 
 import (
 	"crypto/ecdsa"
@@ -19,7 +19,6 @@ import (
 
 	"github.com/onehop/onehop/external/api/v1alpha1"
 	"github.com/onehop/onehop/external/webhook"
-	"github.com/onehop/onehop/portal"
 )
 
 func testWebhook(name string, age int, url string) *v1alpha1.LoadBalancerWebhook {
@@ -51,32 +50,32 @@ func TestConvertWebhook(t *testing.T) {
 	o := testWebhook("lb", 1, "https://lb.example.net/onehop")
 	o.Spec.CAFrom = &v1alpha1.CASource{ConfigMapKeyRef: &v1alpha1.SecretKeyRef{Name: "ca", Key: "ca.pem"}}
 	o.Spec.TimeoutSeconds, o.Spec.MaxBackoffSeconds = 3, 7
-	in := crdObjects{webhooks: []*v1alpha1.LoadBalancerWebhook{o},
-		secrets:    map[string]map[string][]byte{"hook": {"hmac": []byte("k3y\n")}},
-		configMaps: map[string]map[string][]byte{"ca": {"ca.pem": []byte(ca)}}}
+	in := Objects{Webhooks: []*v1alpha1.LoadBalancerWebhook{o},
+		Secrets:    map[string]map[string][]byte{"hook": {"hmac": []byte("k3y\n")}},
+		ConfigMaps: map[string]map[string][]byte{"ca": {"ca.pem": []byte(ca)}}}
 	base := Config{Webhook: &webhook.Config{URL: "https://file.example.net/", SecretFile: "/etc/onehop/key"}}
-	c, mem := convertCRDs(base, in, crdMemory{})
+	c, mem := Convert(base, in, Memory{})
 	want := webhook.Config{URL: "https://lb.example.net/onehop", Secret: "k3y", CA: []byte(ca), TimeoutSeconds: 3, MaxBackoffSeconds: 7}
-	if c.cfg.Webhook == nil || !reflect.DeepEqual(*c.cfg.Webhook, want) {
-		t.Fatalf("webhook %+v, want %+v", c.cfg.Webhook, want)
+	if c.Config.Webhook == nil || !reflect.DeepEqual(*c.Config.Webhook, want) {
+		t.Fatalf("webhook %+v, want %+v", c.Config.Webhook, want)
 	}
-	if c.cfg.webhookPools != nil {
-		t.Errorf("no pool selection picks pools %v, want every address", c.cfg.webhookPools)
+	if c.Config.webhookPools != nil {
+		t.Errorf("no pool selection picks pools %v, want every address", c.Config.webhookPools)
 	}
-	v := verdictOf(t, c, kindWebhook, "lb")
-	if s := statusOf(v, nil); v.err != nil || !strings.Contains(s.message, "in place of the configuration file's webhook section") {
-		t.Errorf("verdict %v, status %q: want accepted, saying it replaces the file's", v.err, s.message)
+	v := verdictOf(t, c, KindWebhook, "lb")
+	if s := statusOf(v, nil); v.Err != nil || !strings.Contains(s.message, "in place of the configuration file's webhook section") {
+		t.Errorf("Verdict %v, status %q: want accepted, saying it replaces the file's", v.Err, s.message)
 	}
-	if got := c.webhookSource(base); !strings.Contains(got, "LoadBalancerWebhook lb") {
+	if got := c.WebhookSource(base); !strings.Contains(got, "LoadBalancerWebhook lb") {
 		t.Errorf("source %q", got)
 	}
 	if _, ok := mem.webhooks[o.UID]; !ok {
 		t.Error("the accepted webhook is not remembered")
 	}
 	// Without one, the file's section stays.
-	c, _ = convertCRDs(base, crdObjects{}, crdMemory{})
-	if c.cfg.Webhook != base.Webhook || c.webhookSource(base) != "the configuration file" {
-		t.Errorf("no LoadBalancerWebhook: webhook %+v from %q, want the file's", c.cfg.Webhook, c.webhookSource(base))
+	c, _ = Convert(base, Objects{}, Memory{})
+	if c.Config.Webhook != base.Webhook || c.WebhookSource(base) != "the configuration file" {
+		t.Errorf("no LoadBalancerWebhook: webhook %+v from %q, want the file's", c.Config.Webhook, c.WebhookSource(base))
 	}
 }
 
@@ -107,18 +106,18 @@ func TestConvertWebhookInvalid(t *testing.T) {
 	} {
 		o := testWebhook("lb", 1, "https://lb.example.net/")
 		c.mod(o)
-		out, _ := convertCRDs(Config{}, crdObjects{webhooks: []*v1alpha1.LoadBalancerWebhook{o}, secrets: secrets}, crdMemory{})
-		wantInvalid(t, out, kindWebhook, "lb", c.want)
-		if out.cfg.Webhook != nil {
-			t.Errorf("%s: a webhook is in force: %+v", c.name, out.cfg.Webhook)
+		out, _ := Convert(Config{}, Objects{Webhooks: []*v1alpha1.LoadBalancerWebhook{o}, Secrets: secrets}, Memory{})
+		wantInvalid(t, out, KindWebhook, "lb", c.want)
+		if out.Config.Webhook != nil {
+			t.Errorf("%s: a webhook is in force: %+v", c.name, out.Config.Webhook)
 		}
 	}
 
 	older, newer := testWebhook("older", 1, "https://a.example.net/"), testWebhook("newer", 2, "https://b.example.net/")
-	out, _ := convertCRDs(Config{}, crdObjects{webhooks: []*v1alpha1.LoadBalancerWebhook{newer, older}, secrets: secrets}, crdMemory{})
-	wantInvalid(t, out, kindWebhook, "newer", "LoadBalancerWebhook older is in force")
-	if out.cfg.Webhook == nil || out.cfg.Webhook.URL != "https://a.example.net/" {
-		t.Errorf("two webhooks: %+v in force, want the older's", out.cfg.Webhook)
+	out, _ := Convert(Config{}, Objects{Webhooks: []*v1alpha1.LoadBalancerWebhook{newer, older}, Secrets: secrets}, Memory{})
+	wantInvalid(t, out, KindWebhook, "newer", "LoadBalancerWebhook older is in force")
+	if out.Config.Webhook == nil || out.Config.Webhook.URL != "https://a.example.net/" {
+		t.Errorf("two webhooks: %+v in force, want the older's", out.Config.Webhook)
 	}
 }
 
@@ -128,20 +127,20 @@ func TestConvertWebhookInvalid(t *testing.T) {
 // key at once.
 func TestConvertWebhookLastGood(t *testing.T) {
 	o := testWebhook("lb", 1, "https://lb.example.net/")
-	in := crdObjects{webhooks: []*v1alpha1.LoadBalancerWebhook{o}, secrets: map[string]map[string][]byte{"hook": {"hmac": []byte("one")}}}
-	_, mem := convertCRDs(Config{}, in, crdMemory{})
+	in := Objects{Webhooks: []*v1alpha1.LoadBalancerWebhook{o}, Secrets: map[string]map[string][]byte{"hook": {"hmac": []byte("one")}}}
+	_, mem := Convert(Config{}, in, Memory{})
 
-	in.secrets["hook"] = map[string][]byte{"hmac": []byte("two")}
-	c, mem := convertCRDs(Config{}, in, mem)
-	if c.cfg.Webhook == nil || c.cfg.Webhook.Secret != "two" {
-		t.Fatalf("after the Secret changed: %+v, want key two", c.cfg.Webhook)
+	in.Secrets["hook"] = map[string][]byte{"hmac": []byte("two")}
+	c, mem := Convert(Config{}, in, mem)
+	if c.Config.Webhook == nil || c.Config.Webhook.Secret != "two" {
+		t.Fatalf("after the Secret changed: %+v, want key two", c.Config.Webhook)
 	}
 
-	delete(in.secrets, "hook")
-	c, mem = convertCRDs(Config{}, in, mem)
-	v := verdictOf(t, c, kindWebhook, "lb")
-	if v.err == nil || !v.stale || c.cfg.Webhook == nil || c.cfg.Webhook.Secret != "two" {
-		t.Fatalf("Secret deleted: verdict %v (stale %v), webhook %+v; want invalid, the last good (key two) in force", v.err, v.stale, c.cfg.Webhook)
+	delete(in.Secrets, "hook")
+	c, mem = Convert(Config{}, in, mem)
+	v := verdictOf(t, c, KindWebhook, "lb")
+	if v.Err == nil || !v.Stale || c.Config.Webhook == nil || c.Config.Webhook.Secret != "two" {
+		t.Fatalf("Secret deleted: Verdict %v (stale %v), webhook %+v; want invalid, the last good (key two) in force", v.Err, v.Stale, c.Config.Webhook)
 	}
 	if s := statusOf(v, nil); s.reason != v1alpha1.ReasonInvalid || !strings.Contains(s.message, "last accepted version stays in force") {
 		t.Errorf("status %+v", s)
@@ -149,15 +148,15 @@ func TestConvertWebhookLastGood(t *testing.T) {
 
 	o2 := *o
 	o2.Spec.URL = "http://lb.example.net/"
-	in.webhooks = []*v1alpha1.LoadBalancerWebhook{&o2}
-	in.secrets = map[string]map[string][]byte{"hook": {"hmac": []byte("three")}}
-	c, _ = convertCRDs(Config{}, in, mem)
-	if c.cfg.Webhook == nil || c.cfg.Webhook.URL != "https://lb.example.net/" || c.cfg.Webhook.Secret != "two" {
-		t.Errorf("changed to plain http: %+v in force, want the last good", c.cfg.Webhook)
+	in.Webhooks = []*v1alpha1.LoadBalancerWebhook{&o2}
+	in.Secrets = map[string]map[string][]byte{"hook": {"hmac": []byte("three")}}
+	c, _ = Convert(Config{}, in, mem)
+	if c.Config.Webhook == nil || c.Config.Webhook.URL != "https://lb.example.net/" || c.Config.Webhook.Secret != "two" {
+		t.Errorf("changed to plain http: %+v in force, want the last good", c.Config.Webhook)
 	}
-	c, _ = convertCRDs(Config{}, in, crdMemory{})
-	if c.cfg.Webhook != nil {
-		t.Errorf("a fresh process runs %+v of an invalid webhook", c.cfg.Webhook)
+	c, _ = Convert(Config{}, in, Memory{})
+	if c.Config.Webhook != nil {
+		t.Errorf("a fresh process runs %+v of an invalid webhook", c.Config.Webhook)
 	}
 }
 
@@ -167,59 +166,58 @@ func TestConvertWebhookLastGood(t *testing.T) {
 func TestWebhookPoolSelection(t *testing.T) {
 	pub := testPool("public", 1, "203.0.113.0/28")
 	pub.Labels = map[string]string{"exposure": "public"}
-	in := crdObjects{pools: []*v1alpha1.LoadBalancerIPPool{pub, testPool("internal", 2, "198.51.100.0/28"), testPool("named", 3, "192.0.2.0/28")},
-		secrets: map[string]map[string][]byte{"hook": {"hmac": []byte("k")}}}
+	in := Objects{Pools: []*v1alpha1.LoadBalancerIPPool{pub, testPool("internal", 2, "198.51.100.0/28"), testPool("named", 3, "192.0.2.0/28")},
+		Secrets: map[string]map[string][]byte{"hook": {"hmac": []byte("k")}}}
 	o := testWebhook("lb", 1, "https://lb.example.net/")
 	o.Spec.IPAddressPools = []string{"named"}
 	o.Spec.IPAddressPoolSelectors = []metav1.LabelSelector{{MatchLabels: map[string]string{"exposure": "public"}}}
-	in.webhooks = []*v1alpha1.LoadBalancerWebhook{o}
-	c, _ := convertCRDs(Config{}, in, crdMemory{})
-	if want := map[string]bool{"public": true, "named": true}; !reflect.DeepEqual(c.cfg.webhookPools, want) {
-		t.Fatalf("pools picked %v, want %v", c.cfg.webhookPools, want)
+	in.Webhooks = []*v1alpha1.LoadBalancerWebhook{o}
+	c, _ := Convert(Config{}, in, Memory{})
+	if want := map[string]bool{"public": true, "named": true}; !reflect.DeepEqual(c.Config.webhookPools, want) {
+		t.Fatalf("pools picked %v, want %v", c.Config.webhookPools, want)
 	}
-	p, err := c.cfg.parse()
+	p, err := c.Config.Parse()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ip := netip.MustParseAddr
-	st := &State{Leader: true, Targets: []Target{
-		{IP: ip("203.0.113.1"), Service: portal.ServiceKey{Namespace: "a", Name: "pub"}},
-		{IP: ip("198.51.100.1"), Service: portal.ServiceKey{Namespace: "a", Name: "int"}},
-		{IP: ip("192.0.2.1"), Service: portal.ServiceKey{Namespace: "a", Name: "both"}},
-		{IP: ip("198.51.100.2"), Service: portal.ServiceKey{Namespace: "a", Name: "both"}},
-		{IP: ip("10.9.9.9"), Service: portal.ServiceKey{Namespace: "a", Name: "ext"}},
-	}}
-	var got []string
-	for _, pl := range webhookPayloads(st, p.webhookPicks) {
-		got = append(got, pl.Service+"="+strings.Join(pl.IPs, ","))
+	addrs := []netip.Addr{ip("203.0.113.1"), ip("198.51.100.1"), ip("192.0.2.1"), ip("198.51.100.2"), ip("10.9.9.9")}
+	picked := func(p *Parsed) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range addrs {
+			if p.WebhookPicks(a) {
+				out = append(out, a)
+			}
+		}
+		return out
 	}
-	if want := []string{"a/both=192.0.2.1", "a/pub=203.0.113.1"}; !slices.Equal(got, want) {
-		t.Errorf("payloads %v, want %v", got, want)
+	if got, want := picked(p), []netip.Addr{ip("203.0.113.1"), ip("192.0.2.1")}; !slices.Equal(got, want) {
+		t.Errorf("told about %v, want %v", got, want)
 	}
 	// No selection: everything, the address in no pool too.
 	o.Spec.PoolSelection = v1alpha1.PoolSelection{}
-	c, _ = convertCRDs(Config{}, in, crdMemory{})
-	if p, _ = c.cfg.parse(); len(webhookPayloads(st, p.webhookPicks)) != 4 {
-		t.Errorf("no selection: %v", webhookPayloads(st, p.webhookPicks))
+	c, _ = Convert(Config{}, in, Memory{})
+	if p, _ = c.Config.Parse(); len(picked(p)) != len(addrs) {
+		t.Errorf("no selection: told about %v", picked(p))
 	}
 }
 
 // The sender starts again when anything it runs with changes (the key
 // say, or the pools it picks), and not on other changes.
 func TestSameWebhook(t *testing.T) {
-	a := &parsed{Config: Config{Webhook: &webhook.Config{URL: "https://x/", Secret: "one"}, webhookPools: map[string]bool{"a": true}}}
-	b := &parsed{Config: Config{Webhook: &webhook.Config{URL: "https://x/", Secret: "one"}, webhookPools: map[string]bool{"a": true}},
-		pools: nil}
+	a := &Parsed{Config: Config{Webhook: &webhook.Config{URL: "https://x/", Secret: "one"}, webhookPools: map[string]bool{"a": true}}}
+	b := &Parsed{Config: Config{Webhook: &webhook.Config{URL: "https://x/", Secret: "one"}, webhookPools: map[string]bool{"a": true}},
+		IPAMPools: nil}
 	b.Pools = []PoolConfig{{Name: "a", Addresses: []string{"192.0.2.1"}}}
-	if !sameWebhook(a, b) {
+	if !SameWebhook(a, b) {
 		t.Error("a pool change alone restarts the sender")
 	}
 	b.Webhook = &webhook.Config{URL: "https://x/", Secret: "two"}
-	if sameWebhook(a, b) {
+	if SameWebhook(a, b) {
 		t.Error("a new key does not restart the sender")
 	}
 	b.Webhook, b.webhookPools = a.Webhook, map[string]bool{"b": true}
-	if sameWebhook(a, b) {
+	if SameWebhook(a, b) {
 		t.Error("a new pool selection does not restart the sender")
 	}
 }
@@ -235,12 +233,12 @@ func TestConvertWebhookCASources(t *testing.T) {
 	} {
 		o := testWebhook("lb", 1, "https://lb.example.net/")
 		src(&o.Spec)
-		in := crdObjects{webhooks: []*v1alpha1.LoadBalancerWebhook{o},
-			secrets:    map[string]map[string][]byte{"hook": {"hmac": []byte("k")}, "ca": {"ca.pem": []byte(ca)}},
-			configMaps: map[string]map[string][]byte{"ca": {"ca.pem": []byte(ca)}}}
-		c, _ := convertCRDs(Config{}, in, crdMemory{})
-		if c.cfg.Webhook == nil || string(c.cfg.Webhook.CA) != ca {
-			t.Errorf("CA %s: webhook %+v, verdicts %+v", name, c.cfg.Webhook, c.verdicts)
+		in := Objects{Webhooks: []*v1alpha1.LoadBalancerWebhook{o},
+			Secrets:    map[string]map[string][]byte{"hook": {"hmac": []byte("k")}, "ca": {"ca.pem": []byte(ca)}},
+			ConfigMaps: map[string]map[string][]byte{"ca": {"ca.pem": []byte(ca)}}}
+		c, _ := Convert(Config{}, in, Memory{})
+		if c.Config.Webhook == nil || string(c.Config.Webhook.CA) != ca {
+			t.Errorf("CA %s: webhook %+v, verdicts %+v", name, c.Config.Webhook, c.Verdicts)
 		}
 	}
 }

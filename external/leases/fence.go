@@ -1,4 +1,4 @@
-package external
+package leases
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// errRenewDeadline ends a leadership term whose Lease was not renewed
+// ErrRenewDeadline ends a leadership term whose Lease was not renewed
 // within the renew deadline.
-var errRenewDeadline = errors.New("the allocator Lease was not renewed within its renew deadline")
+var ErrRenewDeadline = errors.New("the allocator Lease was not renewed within its renew deadline")
 
-// leaseFence bounds a leadership term by the Lease's renewals, as
+// Fence bounds a leadership term by the Lease's renewals, as
 // client-go's leader election bounds its own: the term ends RenewDeadline
 // after the start of the last acquire or renewal that succeeded. Another
 // candidate can take the Lease only LeaseDuration after it saw that
@@ -26,7 +26,7 @@ var errRenewDeadline = errors.New("the allocator Lease was not renewed within it
 // anyone else's can begin, whether or not this process hears from the
 // apiserver again (a partition, a hung request, a stopped process that
 // resumes).
-type leaseFence struct {
+type Fence struct {
 	renewDeadline time.Duration
 
 	mu sync.Mutex
@@ -37,8 +37,11 @@ type leaseFence struct {
 	timer *time.Timer
 }
 
+// NewFence bounds terms by renewDeadline, the elector's.
+func NewFence(renewDeadline time.Duration) *Fence { return &Fence{renewDeadline: renewDeadline} }
+
 // renewed records that a renewal (or the acquire) sent at start succeeded.
-func (f *leaseFence) renewed(start time.Time) {
+func (f *Fence) renewed(start time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if d := start.Add(f.renewDeadline); d.After(f.deadline) {
@@ -49,15 +52,15 @@ func (f *leaseFence) renewed(start time.Time) {
 	}
 }
 
-// begin starts a term in parent: the context it returns ends with parent,
-// at the renew deadline (cause errRenewDeadline), or at cancel.
-func (f *leaseFence) begin(parent context.Context) (context.Context, context.CancelCauseFunc) {
+// Begin starts a term in parent: the context it returns ends with parent,
+// at the renew deadline (cause ErrRenewDeadline), or at cancel.
+func (f *Fence) Begin(parent context.Context) (context.Context, context.CancelCauseFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	f.mu.Lock()
 	if f.timer != nil {
 		f.timer.Stop()
 	}
-	t := time.AfterFunc(time.Until(f.deadline), func() { cancel(errRenewDeadline) })
+	t := time.AfterFunc(time.Until(f.deadline), func() { cancel(ErrRenewDeadline) })
 	f.timer = t
 	f.mu.Unlock()
 	context.AfterFunc(ctx, func() {
@@ -71,22 +74,29 @@ func (f *leaseFence) begin(parent context.Context) (context.Context, context.Can
 	return ctx, cancel
 }
 
-// fencedLock is the allocator Lease's lock, telling fence of every
+// FencedLock is the allocator Lease's lock, telling fence of every
 // successful acquire and renewal by this candidate. It also keeps a
 // release to a Lease this candidate holds: client-go's release reads the
 // Lease, then judges whether it leads by the record it saw last, so a
 // leader cut off from the apiserver would, once back, release (and
 // then take) the Lease another candidate acquired meanwhile.
-type fencedLock struct {
+type FencedLock struct {
 	resourcelock.Interface
-	fence *leaseFence
+	fence *Fence
 
 	mu sync.Mutex
 	// holder is the holder the last Get read.
 	holder string
 }
 
-func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+// NewFencedLock is lock telling fence of this candidate's acquires and
+// renewals.
+func NewFencedLock(lock resourcelock.Interface, fence *Fence) *FencedLock {
+	return &FencedLock{Interface: lock, fence: fence}
+}
+
+// Get reads the Lease and remembers its holder.
+func (l *FencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	r, raw, err := l.Interface.Get(ctx)
 	if err == nil {
 		l.mu.Lock()
@@ -96,14 +106,17 @@ func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecor
 	return r, raw, err
 }
 
-func (l *fencedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+// Create creates the Lease; a success is a renewal.
+func (l *FencedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
 	start := time.Now()
 	err := l.Interface.Create(ctx, r)
 	l.note(start, r, err)
 	return err
 }
 
-func (l *fencedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+// Update writes the Lease, a renewal or a release; a release of a Lease
+// another candidate holds (as the last Get read it) is refused.
+func (l *FencedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
 	if r.HolderIdentity == "" {
 		l.mu.Lock()
 		holder := l.holder
@@ -118,7 +131,7 @@ func (l *fencedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRe
 	return err
 }
 
-func (l *fencedLock) note(start time.Time, r resourcelock.LeaderElectionRecord, err error) {
+func (l *FencedLock) note(start time.Time, r resourcelock.LeaderElectionRecord, err error) {
 	if err != nil {
 		return
 	}
@@ -130,20 +143,27 @@ func (l *fencedLock) note(start time.Time, r resourcelock.LeaderElectionRecord, 
 	}
 }
 
-// leaderEventSink writes the leader's events (allocations, refusals,
+// EventSink writes the leader's events (allocations, refusals,
 // webhook failures, next hops) within its leadership term only: an event
 // recorded in a term and not written when the term ends is dropped, and
 // a write in flight is cancelled with the term.
-type leaderEventSink struct {
+type EventSink struct {
 	events typedcorev1.EventsGetter
 	// term is the running term's context, nil between terms.
 	term func() context.Context
 }
 
+// NewEventSink writes events through events, each in the term term
+// returns (nil between terms).
+func NewEventSink(events typedcorev1.EventsGetter, term func() context.Context) EventSink {
+	return EventSink{events: events, term: term}
+}
+
 // A dropped event is answered as written, so that the broadcaster does
 // not retry it into a later term.
 
-func (s leaderEventSink) Create(e *corev1.Event) (*corev1.Event, error) {
+// Create writes a new event in the running term.
+func (s EventSink) Create(e *corev1.Event) (*corev1.Event, error) {
 	ctx := s.term()
 	if ctx == nil {
 		return e, nil
@@ -151,7 +171,8 @@ func (s leaderEventSink) Create(e *corev1.Event) (*corev1.Event, error) {
 	return s.events.Events(e.Namespace).Create(ctx, e, metav1.CreateOptions{})
 }
 
-func (s leaderEventSink) Update(e *corev1.Event) (*corev1.Event, error) {
+// Update writes a repeated event in the running term.
+func (s EventSink) Update(e *corev1.Event) (*corev1.Event, error) {
 	ctx := s.term()
 	if ctx == nil {
 		return e, nil
@@ -159,7 +180,8 @@ func (s leaderEventSink) Update(e *corev1.Event) (*corev1.Event, error) {
 	return s.events.Events(e.Namespace).Update(ctx, e, metav1.UpdateOptions{})
 }
 
-func (s leaderEventSink) Patch(e *corev1.Event, data []byte) (*corev1.Event, error) {
+// Patch writes a repeated event in the running term.
+func (s EventSink) Patch(e *corev1.Event, data []byte) (*corev1.Event, error) {
 	ctx := s.term()
 	if ctx == nil {
 		return e, nil

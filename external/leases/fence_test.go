@@ -1,4 +1,4 @@
-package external
+package leases
 
 import (
 	"context"
@@ -15,20 +15,20 @@ import (
 // TestLeaseFence: a term ends at the renew deadline of the last renewal,
 // at once when that is past; a renewal moves it on.
 func TestLeaseFence(t *testing.T) {
-	f := &leaseFence{renewDeadline: time.Hour}
+	f := NewFence(time.Hour)
 	f.renewed(time.Now())
-	ctx, cancel := f.begin(t.Context())
+	ctx, cancel := f.Begin(t.Context())
 	if ctx.Err() != nil {
 		t.Fatalf("a term within its renew deadline ended: %v", context.Cause(ctx))
 	}
 	cancel(nil)
 
-	f = &leaseFence{renewDeadline: time.Second}
+	f = NewFence(time.Second)
 	f.renewed(time.Now().Add(-time.Hour))
-	ctx, cancel = f.begin(t.Context())
+	ctx, cancel = f.Begin(t.Context())
 	defer cancel(nil)
 	<-ctx.Done()
-	if !errors.Is(context.Cause(ctx), errRenewDeadline) {
+	if !errors.Is(context.Cause(ctx), ErrRenewDeadline) {
 		t.Fatalf("a term past its renew deadline ended with %v", context.Cause(ctx))
 	}
 }
@@ -61,8 +61,8 @@ func (l *fakeLock) Describe() string   { return "fake" }
 func TestFencedLockRelease(t *testing.T) {
 	ctx := t.Context()
 	inner := &fakeLock{id: "a", rec: resourcelock.LeaderElectionRecord{HolderIdentity: "b"}}
-	f := &leaseFence{renewDeadline: time.Hour}
-	l := &fencedLock{Interface: inner, fence: f}
+	f := NewFence(time.Hour)
+	l := &FencedLock{Interface: inner, fence: f}
 	if _, _, err := l.Get(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestFencedLockRelease(t *testing.T) {
 func TestLeaderEventSink(t *testing.T) {
 	c := fake.NewClientset()
 	var term context.Context
-	s := leaderEventSink{events: c.CoreV1(), term: func() context.Context { return term }}
+	s := NewEventSink(c.CoreV1(), func() context.Context { return term })
 	ev := func(name string) *corev1.Event {
 		return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Reason: "IPAllocated"}
 	}

@@ -1,4 +1,4 @@
-package external
+package leases
 
 import (
 	"context"
@@ -13,13 +13,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// leasePrefix names the per-node liveness Leases of the L2 provider.
-const leasePrefix = "onehop-l2-"
+// LeasePrefix names the per-node liveness Leases of the L2 provider.
+const LeasePrefix = "onehop-l2-"
 
 // managedByOnehop selects the liveness Leases (renewOnce labels them).
 const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
 
-// liveness tracks which agents are alive through one coordination Lease per
+// Liveness tracks which agents are alive through one coordination Lease per
 // node, renewed by its agent: Leases with an outage fallback.
 //
 // While the apiserver is reachable, a node is alive while its Lease changed
@@ -54,18 +54,18 @@ const managedByOnehop = "app.kubernetes.io/managed-by=onehop"
 // apiserver): the others see this node's Lease expire, but before taking
 // an IP over they probe for it on the segment; this node keeps its frozen
 // view and keeps answering, so they hear it, count it alive for a lease
-// duration (livenessheard.go) and leave its IPs to it, probing again
+// duration (heard.go) and leave its IPs to it, probing again
 // after. When this node's renewals come back, it announces every IP it
 // owns again (resumed). A node that cannot write its own Lease while the
 // watch works counts as cut off in the same way.
 //
 // Heartbeats. With a key, the nodes also send each other heartbeats on the
-// node network (l2heartbeat.go): a node one of whose heartbeats was taken
+// node network (heartbeat.go): a node one of whose heartbeats was taken
 // is judged by them (and by being heard answering since the last one),
 // apiserver or not; the rest of this comment is about the nodes never
 // heard that way. This node is dead to itself while its L2 links are all
 // down.
-type liveness struct {
+type Liveness struct {
 	client    kubernetes.Interface
 	namespace string
 	node      string
@@ -85,18 +85,18 @@ type liveness struct {
 	synced func() bool
 
 	// linkAddrs, when set, are the link-layer addresses this node's L2
-	// responder answers with; renewals publish them (livenessheard.go).
+	// responder answers with; renewals publish them (heard.go).
 	linkAddrs func() []string
 
 	// beats, when set, is the other nodes' liveness by heartbeats on
 	// the node network, which decides over the Leases for every node it
-	// has heard (l2heartbeat.go); linkUp, when set, says whether this
+	// has heard (heartbeat.go); linkUp, when set, says whether this
 	// node's L2 links are up: while they are not, this node is not alive
 	// and does not renew its Lease.
-	beats  heartbeats
+	beats  Heartbeats
 	linkUp func() bool
 	// restarting, when set, says whether this agent, stopping, restarts
-	// (l2heartbeat.go): its Lease then stays, as the others hold its IPs.
+	// (heartbeat.go): its Lease then stays, as the others hold its IPs.
 	restarting func() bool
 
 	mu   sync.Mutex
@@ -111,7 +111,7 @@ type liveness struct {
 	frozenSaid bool
 	// byMAC names the node each published link-layer address belongs to,
 	// and heard is when each node was last heard announcing on the
-	// segment (livenessheard.go).
+	// segment (heard.go).
 	byMAC map[string]string
 	heard map[string]time.Time
 	// heardSaid: the Lease version at which a node was last said to be
@@ -119,10 +119,10 @@ type liveness struct {
 	heardSaid map[string]string
 }
 
-// heartbeats is a node's liveness by heartbeats (heartbeat.Heartbeat):
+// Heartbeats is a node's liveness by heartbeats (heartbeat.Heartbeat):
 // known once one of its heartbeats was taken, then alive while the last
 // one, at last, is recent enough.
-type heartbeats interface {
+type Heartbeats interface {
 	Alive(node string) (alive, known bool, last time.Time)
 	// Left: its last heartbeat said it leaves (a clean stop).
 	Left(node string) bool
@@ -133,24 +133,58 @@ type observed struct {
 	at time.Time
 }
 
-func newLiveness(client kubernetes.Interface, namespace, node string, renew, duration time.Duration, log *slog.Logger, changed func()) *liveness {
+// NewLiveness tracks the liveness Leases of namespace as node's agent,
+// renewing node's own every renew; a node is dead once its Lease did not
+// change for duration. changed is called when a node's liveness may have
+// changed in a way a Lease's expiry does not tell (NextChange).
+func NewLiveness(client kubernetes.Interface, namespace, node string, renew, duration time.Duration, log *slog.Logger, changed func()) *Liveness {
 	if renew <= 0 {
 		renew = time.Second
 	}
 	if duration <= renew {
 		duration = 3 * renew
 	}
-	return &liveness{client: client, namespace: namespace, node: node, renew: renew, duration: duration,
+	return &Liveness{client: client, namespace: namespace, node: node, renew: renew, duration: duration,
 		log: log, changed: changed, now: time.Now, seen: map[string]observed{},
 		byMAC: map[string]string{}, heard: map[string]time.Time{}, heardSaid: map[string]string{}}
 }
 
+// OnResumed has resumed called after contact with the apiserver came back
+// from a freeze. Call it before Run.
+func (l *Liveness) OnResumed(resumed func()) { l.resumed = resumed }
+
+// PublishLinkAddrs has this node's renewals publish the link-layer
+// addresses linkAddrs returns (those its L2 responder answers with).
+// Call it before Run.
+func (l *Liveness) PublishLinkAddrs(linkAddrs func() []string) { l.linkAddrs = linkAddrs }
+
+// SetLinkUp has linkUp say whether this node's L2 links are up: while they
+// are not, this node is not alive and does not renew its Lease.
+func (l *Liveness) SetLinkUp(linkUp func() bool) {
+	l.mu.Lock()
+	l.linkUp = linkUp
+	l.mu.Unlock()
+}
+
+// SetHeartbeats has beats, the other nodes' liveness by heartbeats,
+// decide over the Leases for every node it has heard, and restarting say
+// whether this agent, stopping, restarts: its Lease then stays.
+func (l *Liveness) SetHeartbeats(beats Heartbeats, restarting func() bool) {
+	l.mu.Lock()
+	l.beats = beats
+	l.restarting = restarting
+	l.mu.Unlock()
+}
+
+// UseClock has the tracker read the time from now (time.Now by default).
+func (l *Liveness) UseClock(now func() time.Time) { l.now = now }
+
 // window is how long contact may go without an own renewal coming back.
-func (l *liveness) window() time.Duration { return l.duration / 2 }
+func (l *Liveness) window() time.Duration { return l.duration / 2 }
 
 // refLocked is the moment nodes are judged at: now while in contact, else
 // the moment contact was deemed lost (frozen true).
-func (l *liveness) refLocked(now time.Time) (ref time.Time, frozen bool) {
+func (l *Liveness) refLocked(now time.Time) (ref time.Time, frozen bool) {
 	if l.contact.IsZero() {
 		return now, false
 	}
@@ -160,9 +194,9 @@ func (l *liveness) refLocked(now time.Time) (ref time.Time, frozen bool) {
 	return now, false
 }
 
-// observe records a Lease add or update.
-func (l *liveness) observe(lease *coordinationv1.Lease) {
-	node, ok := strings.CutPrefix(lease.Name, leasePrefix)
+// Observe records a Lease add or update.
+func (l *Liveness) Observe(lease *coordinationv1.Lease) {
+	node, ok := strings.CutPrefix(lease.Name, LeasePrefix)
 	if !ok {
 		return
 	}
@@ -189,7 +223,7 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 		outage, resumed = l.contactLocked(now)
 	}
 	l.seen[node] = observed{rv: lease.ResourceVersion, at: at}
-	l.publishedLocked(node, lease.Annotations[annotationLinkAddrs])
+	l.publishedLocked(node, lease.Annotations[AnnotationLinkAddrs])
 	l.mu.Unlock()
 	if resumed {
 		l.log.Info("l2 liveness: apiserver contact resumed; nodes alive before get a fresh grace period", "without", outage.Round(time.Millisecond))
@@ -205,7 +239,7 @@ func (l *liveness) observe(lease *coordinationv1.Lease) {
 // contactLocked records that an own renewal came back at now. After a
 // freeze it moves the nodes alive in the frozen view forward (see the type's
 // comment) and reports how long contact was lost.
-func (l *liveness) contactLocked(now time.Time) (time.Duration, bool) {
+func (l *Liveness) contactLocked(now time.Time) (time.Duration, bool) {
 	ref, frozen := l.refLocked(now)
 	prev := l.contact
 	l.contact = now
@@ -242,9 +276,9 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-// members are the nodes whose Leases this node sees, itself included: the
+// Members are the nodes whose Leases this node sees, itself included: the
 // peers of its heartbeats.
-func (l *liveness) members() []string {
+func (l *Liveness) Members() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]string, 0, len(l.seen))
@@ -254,8 +288,9 @@ func (l *liveness) members() []string {
 	return out
 }
 
-func (l *liveness) forget(name string) {
-	node, ok := strings.CutPrefix(name, leasePrefix)
+// Forget records that the Lease name is gone.
+func (l *Liveness) Forget(name string) {
+	node, ok := strings.CutPrefix(name, LeasePrefix)
 	if !ok {
 		return
 	}
@@ -269,14 +304,14 @@ func (l *liveness) forget(name string) {
 	l.changed()
 }
 
-// alive: another node whose heartbeats come (l2heartbeat.go), or, if none
+// Alive: another node whose heartbeats come (heartbeat.go), or, if none
 // was ever taken from it, whose Lease changed within the lease duration
 // before the reference moment (now, or when contact was lost); or that was
-// heard announcing on the segment within a lease duration (heardFrom),
+// heard announcing on the segment within a lease duration (HeardFrom),
 // since its last heartbeat. This node once it has renewed its Lease and
 // the Leases are listed, and from then on also while cut off from the
 // apiserver (see the type's comment), while its L2 links are up.
-func (l *liveness) alive(node string) bool {
+func (l *Liveness) Alive(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if node == l.node {
@@ -285,11 +320,11 @@ func (l *liveness) alive(node string) bool {
 	return l.aliveLocked(node, l.now())
 }
 
-// left: node stopped cleanly, and said so: its last heartbeat said it
+// Left: node stopped cleanly, and said so: its last heartbeat said it
 // leaves, or its Lease is gone (deleted by its stopping agent). Nothing
 // of it answers any more, or soon will not: its IPs are taken over
 // without a probe for it.
-func (l *liveness) left(node string) bool {
+func (l *Liveness) Left(node string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.beats != nil && l.beats.Left(node) {
@@ -300,13 +335,13 @@ func (l *liveness) left(node string) bool {
 }
 
 // linksUp: this node's L2 links are up, or not looked at.
-func (l *liveness) linksUp() bool {
+func (l *Liveness) linksUp() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.linkUp == nil || l.linkUp()
 }
 
-func (l *liveness) aliveLocked(node string, now time.Time) bool {
+func (l *Liveness) aliveLocked(node string, now time.Time) bool {
 	h, heard := l.heard[node]
 	heard = heard && now.Sub(h) < l.duration
 	if l.beats != nil {
@@ -325,14 +360,14 @@ func (l *liveness) aliveLocked(node string, now time.Time) bool {
 	return ref.Sub(o.at) < l.duration
 }
 
-// nextChange is the earliest moment a node alive now would be judged dead
+// NextChange is the earliest moment a node alive now would be judged dead
 // if no Lease event comes first (its renewal overdue, or its being heard
 // on the segment too long ago); zero when none can (no other node alive,
 // or the view is frozen and no node was heard). The hook sleeps until
 // then instead of looking at every node several times a second: at 5,000
 // nodes renewing every second the earliest expiry, once the others have
 // renewed, lies a lease duration minus a renew interval ahead.
-func (l *liveness) nextChange() time.Time {
+func (l *Liveness) NextChange() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -354,7 +389,7 @@ func (l *liveness) nextChange() time.Time {
 
 // frozen reports whether contact with the apiserver is lost now, and says so
 // once in the log.
-func (l *liveness) frozen() bool {
+func (l *Liveness) frozen() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, f := l.refLocked(l.now())
@@ -365,9 +400,9 @@ func (l *liveness) frozen() bool {
 	return f
 }
 
-// run renews this node's Lease until ctx ends, then deletes it, unless
+// Run renews this node's Lease until ctx ends, then deletes it, unless
 // this agent restarts.
-func (l *liveness) run(ctx context.Context) {
+func (l *Liveness) Run(ctx context.Context) {
 	t := time.NewTicker(l.renew)
 	defer t.Stop()
 	for {
@@ -392,7 +427,7 @@ func (l *liveness) run(ctx context.Context) {
 				return
 			}
 			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = l.client.CoordinationV1().Leases(l.namespace).Delete(dctx, leasePrefix+l.node, metav1.DeleteOptions{})
+			_ = l.client.CoordinationV1().Leases(l.namespace).Delete(dctx, LeasePrefix+l.node, metav1.DeleteOptions{})
 			cancel()
 			return
 		case <-t.C:
@@ -400,11 +435,11 @@ func (l *liveness) run(ctx context.Context) {
 	}
 }
 
-func (l *liveness) renewOnce(ctx context.Context) error {
+func (l *Liveness) renewOnce(ctx context.Context) error {
 	leases := l.client.CoordinationV1().Leases(l.namespace)
 	now := metav1.NewMicroTime(time.Now())
 	secs := int32((l.duration + time.Second - 1) / time.Second)
-	name := leasePrefix + l.node
+	name := LeasePrefix + l.node
 	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		lease = &coordinationv1.Lease{
@@ -423,12 +458,12 @@ func (l *liveness) renewOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.renewedOwn()
+	l.RenewedOwn()
 	return nil
 }
 
-// renewedOwn records a successful renewal of this node's Lease.
-func (l *liveness) renewedOwn() {
+// RenewedOwn records a successful renewal of this node's Lease.
+func (l *Liveness) RenewedOwn() {
 	l.mu.Lock()
 	first := l.ownRenew.IsZero()
 	l.ownRenew = l.now()

@@ -1,4 +1,4 @@
-package external
+package leases
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcoordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
-
-	"github.com/onehop/onehop/external/webhook"
 )
 
 // AnnotationWebhookTerm, on the allocator Lease, is the last leadership
@@ -22,11 +20,11 @@ import (
 // Deleting the Lease starts the terms again from 1.
 const AnnotationWebhookTerm = "onehop.io/webhook-term"
 
-// claimWebhookTerm records the next term on the Lease name, which identity
+// ClaimWebhookTerm records the next term on the Lease name, which identity
 // must hold, and returns it. It retries conflicts (the elector renews the
 // same Lease) and, once a second, other errors (logged), until ctx ends; it
 // fails at once when the Lease has another holder.
-func claimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseInterface, name, identity string, log *slog.Logger) (uint64, error) {
+func ClaimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseInterface, name, identity string, log *slog.Logger) (uint64, error) {
 	for {
 		term, err := tryClaimWebhookTerm(ctx, leases, name, identity)
 		switch {
@@ -80,20 +78,4 @@ func tryClaimWebhookTerm(ctx context.Context, leases typedcoordinationv1.LeaseIn
 		return 0, err
 	}
 	return last + 1, nil
-}
-
-// leadWebhook claims a term and starts the webhook sender's part of it;
-// an error when it could not (ctx ended, the Lease moved on, the term is
-// not above the sender's last): the caller gives up the Lease, so that a
-// replica that can send leads.
-func (h *Hook) leadWebhook(ctx context.Context, n *webhook.Notifier) error {
-	term, err := claimWebhookTerm(ctx, h.client.CoordinationV1().Leases(h.conf().LeaseNamespace), AllocatorLeaseName, h.identity, h.log)
-	if err == nil {
-		err = n.Lead(ctx, term)
-	}
-	if err != nil {
-		return fmt.Errorf("webhook sender not started in this term: %w", err)
-	}
-	h.log.Info("external: webhook term", "term", term)
-	return nil
 }

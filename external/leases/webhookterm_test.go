@@ -1,4 +1,4 @@
-package external
+package leases
 
 import (
 	"log/slog"
@@ -19,12 +19,12 @@ func TestClaimWebhookTerm(t *testing.T) {
 	})
 	leases := c.CoordinationV1().Leases("ns")
 	for want := uint64(1); want <= 3; want++ {
-		got, err := claimWebhookTerm(ctx, leases, AllocatorLeaseName, "n1", slog.Default())
+		got, err := ClaimWebhookTerm(ctx, leases, AllocatorLeaseName, "n1", slog.Default())
 		if err != nil || got != want {
 			t.Fatalf("claim %d: %d, %v", want, got, err)
 		}
 	}
-	if _, err := claimWebhookTerm(ctx, leases, AllocatorLeaseName, "n2", slog.Default()); !errNotHolder(err) {
+	if _, err := ClaimWebhookTerm(ctx, leases, AllocatorLeaseName, "n2", slog.Default()); !errNotHolder(err) {
 		t.Fatalf("n2 claimed n1's Lease: %v", err)
 	}
 	l, err := leases.Get(ctx, AllocatorLeaseName, metav1.GetOptions{})

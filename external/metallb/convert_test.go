@@ -1,4 +1,4 @@
-package external
+package metallb
 
 import (
 	"flag"
@@ -13,12 +13,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 // metalLBGolden is what a conversion prints: the YAML, then the warnings.
-func metalLBGolden(t *testing.T, c MetalLBConversion) string {
+func metalLBGolden(t *testing.T, c Conversion) string {
 	t.Helper()
 	y, err := c.YAML()
 	if err != nil {
@@ -46,7 +47,7 @@ func TestConvertMetalLBGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := ConvertMetalLB(MetalLBOptions{}, b)
+			c, err := Convert(Options{}, b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,13 +73,13 @@ func TestConvertMetalLBGolden(t *testing.T) {
 // checkAcceptedByHook decodes the converted objects strictly into onehop's
 // types and has the hook's own conversion accept every one, with the
 // Secrets they name present.
-func checkAcceptedByHook(t *testing.T, c MetalLBConversion) {
+func checkAcceptedByHook(t *testing.T, c Conversion) {
 	t.Helper()
 	y, err := c.YAML()
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := crdObjects{secrets: map[string]map[string][]byte{}}
+	in := config.Objects{Secrets: map[string]map[string][]byte{}}
 	for i, doc := range strings.Split(string(y), "\n---\n") {
 		if strings.TrimSpace(doc) == "" {
 			continue
@@ -90,7 +91,7 @@ func checkAcceptedByHook(t *testing.T, c MetalLBConversion) {
 		if meta.Kind == "Secret" {
 			continue
 		}
-		obj := in.addKind(meta.Kind)
+		obj := in.Add(meta.Kind)
 		if obj == nil {
 			t.Fatalf("output of unknown kind %q:\n%s", meta.Kind, doc)
 		}
@@ -99,15 +100,15 @@ func checkAcceptedByHook(t *testing.T, c MetalLBConversion) {
 		}
 		obj.SetUID(types.UID(fmt.Sprint(i)))
 	}
-	for _, p := range in.peers {
+	for _, p := range in.Peers {
 		if ref := p.Spec.PasswordSecret; ref != nil {
-			in.secrets[ref.Name] = map[string][]byte{ref.Key: []byte("pw")}
+			in.Secrets[ref.Name] = map[string][]byte{ref.Key: []byte("pw")}
 		}
 	}
-	cc, _ := convertCRDs(Config{}, in, crdMemory{})
-	for _, v := range cc.verdicts {
-		if v.err != nil {
-			t.Errorf("converted %s %s is not accepted: %v", v.kind, v.name, v.err)
+	cc, _ := config.Convert(config.Config{}, in, config.Memory{})
+	for _, v := range cc.Verdicts {
+		if v.Err != nil {
+			t.Errorf("converted %s %s is not accepted: %v", v.Kind, v.Name, v.Err)
 		}
 	}
 }
@@ -115,7 +116,7 @@ func checkAcceptedByHook(t *testing.T, c MetalLBConversion) {
 func TestConvertMetalLB(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string
-		err      string   // ConvertMetalLB fails with this
+		err      string   // Convert fails with this
 		kinds    []string // the kinds written, in order
 		warn     []string // each is in some warning
 		out      []string // each is in the YAML
@@ -128,33 +129,33 @@ func TestConvertMetalLB(t *testing.T) {
 			warn: []string{"BGPPeer metallb-system/p: dynamicASN"}},
 		{name: "iBGP multihop is dropped",
 			in:    "apiVersion: metallb.io/v1beta1\nkind: BGPPeer\nmetadata: {name: p}\nspec: {myASN: 64512, peerASN: 64512, peerAddress: 192.0.2.1, ebgpMultiHop: true}\n",
-			kinds: []string{kindPeer}, warn: []string{"iBGP is multihop"}},
+			kinds: []string{config.KindPeer}, warn: []string{"iBGP is multihop"}},
 		{name: "same name in two namespaces",
 			in: "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p, namespace: a}\nspec: {addresses: [192.0.2.0/28]}\n---\n" +
 				"apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p, namespace: b}\nspec: {addresses: [192.0.2.16/28]}\n",
-			kinds: []string{kindPool}, warn: []string{"IPAddressPool b/p: onehop's LoadBalancerIPPool is cluster-scoped"}},
+			kinds: []string{config.KindPool}, warn: []string{"IPAddressPool b/p: onehop's LoadBalancerIPPool is cluster-scoped"}},
 		{name: "bad addresses are left out",
 			in:    "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.9-192.0.2.1, 192.0.2.1-2001:db8::1, nonsense, 192.0.2.64/26]}\n",
-			kinds: []string{kindPool}, warn: []string{"ends before it starts", "two families", `"nonsense"`},
+			kinds: []string{config.KindPool}, warn: []string{"ends before it starts", "two families", `"nonsense"`},
 			out: []string{"- 192.0.2.64/26\n"}},
 		{name: "no usable address, no pool",
 			in:   "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\nspec: {addresses: [nonsense]}\n",
 			warn: []string{"no address onehop can use"}},
 		{name: "avoidBuggyIPs trims .0 and .255",
 			in:    "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\nspec: {avoidBuggyIPs: true, addresses: [192.0.2.0/24, 198.51.100.0/32, 203.0.113.8/29]}\n",
-			kinds: []string{kindPool}, warn: []string{`"198.51.100.0/32" holds only addresses avoidBuggyIPs avoids`},
+			kinds: []string{config.KindPool}, warn: []string{`"198.51.100.0/32" holds only addresses avoidBuggyIPs avoids`},
 			out: []string{"- 192.0.2.1-192.0.2.254\n", "- 203.0.113.8/29\n"}},
 		{name: "pools come first",
 			in: "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {name: l}\n---\n" +
 				"apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.0/24]}\n",
-			kinds: []string{kindPool, kindL2Ad}, out: []string{"avoidNetworkAndBroadcast: false"}},
+			kinds: []string{config.KindPool, config.KindL2Ad}, out: []string{"avoidNetworkAndBroadcast: false"}},
 		{name: "a plain password becomes a Secret",
 			in:    "apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata: {name: p}\nspec: {myASN: 1, peerASN: 2, peerAddress: 192.0.2.1, password: pw}\n",
-			kinds: []string{"Secret", kindPeer},
+			kinds: []string{"Secret", config.KindPeer},
 			out:   []string{"name: p-bgp-password\n  namespace: kube-system\nstringData:\n  password: pw\n", "passwordSecret:\n    key: password\n    name: p-bgp-password\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := ConvertMetalLB(MetalLBOptions{}, []byte(tc.in))
+			c, err := Convert(Options{}, []byte(tc.in))
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one with %q", err, tc.err)
@@ -195,7 +196,7 @@ func TestConvertMetalLB(t *testing.T) {
 // resources, and what convert-metallb prints of them on stdout and stderr.
 func metalLBDocExample(t *testing.T) (in, out, stderr string) {
 	t.Helper()
-	b, err := os.ReadFile("../docs/metallb.md")
+	b, err := os.ReadFile("../../docs/metallb.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func metalLBDocExample(t *testing.T) (in, out, stderr string) {
 // the letter, and what it prints is accepted.
 func TestMetalLBDocExample(t *testing.T) {
 	in, out, stderr := metalLBDocExample(t)
-	c, err := ConvertMetalLB(MetalLBOptions{SecretNamespace: "onehop-leases"}, []byte(in))
+	c, err := Convert(Options{SecretNamespace: "onehop-leases"}, []byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package external
+package providers
 
 import (
 	"fmt"
@@ -14,9 +14,25 @@ import (
 
 // The stages a provider fails at (onehop_provider_failures_total's stage).
 const (
-	stageStart  = "start"
-	stageUpdate = "update"
+	StageStart  = "start"
+	StageUpdate = "update"
 )
+
+// The back-off of a provider's failed start or update: RetryFirst,
+// doubling up to RetryMax.
+const (
+	RetryFirst = time.Second
+	RetryMax   = 30 * time.Second
+)
+
+// NextBackoff is the back-off after one of d: RetryFirst after none,
+// doubling up to RetryMax.
+func NextBackoff(d time.Duration) time.Duration {
+	if d <= 0 {
+		return RetryFirst
+	}
+	return min(2*d, RetryMax)
+}
 
 // The reasons of the events on this node's Node object.
 const (
@@ -24,21 +40,13 @@ const (
 	reasonProviderRecovered = "ProviderRecovered"
 )
 
-// WithProviderHealth makes the hook report its providers' health in the
-// agent's /healthz detail (health) and metrics (m): onehop_provider_up and
-// onehop_provider_failures_total. Either may be nil. Events on this node's
-// Node object are written regardless.
-func WithProviderHealth(health *dataplane.HealthServer, m *dataplane.Metrics) Option {
-	return func(h *Hook) { h.phealth.health, h.phealth.metrics = health, m }
-}
-
-// providerHealth follows each provider's state: whether it runs and took
+// Health follows each provider's state: whether it runs and took
 // its last update, when a failed start is tried again, and which failure
 // was last given an event. It reports every change to /healthz, the
 // metrics, the log and (on a node) the Node object, with an event once per
 // distinct failure and once on recovery, not on every retry. It is used
 // from the hook's one Run goroutine.
-type providerHealth struct {
+type Health struct {
 	node    string // "" in the controller: no Node to put events on
 	log     *slog.Logger
 	rec     record.EventRecorder // nil: no events
@@ -55,12 +63,22 @@ type providerStatus struct {
 	// evented is the failure the last ProviderFailed event named.
 	evented string
 	// backoff is the wait before the next try after the last failure
-	// (retryFirst doubling to retryMax), zero while up; next is when.
+	// (RetryFirst doubling to RetryMax), zero while up; next is when.
 	backoff time.Duration
 	next    time.Time
 }
 
-func (p *providerHealth) status(name string) *providerStatus {
+// NewHealth reports the providers of node ("" in the controller: no
+// Node to put events on) to log, rec (nil: no events), health and metrics
+// (either may be nil).
+func NewHealth(node string, log *slog.Logger, rec record.EventRecorder, health *dataplane.HealthServer, metrics *dataplane.Metrics) *Health {
+	return &Health{node: node, log: log, rec: rec, health: health, metrics: metrics}
+}
+
+// Next is when provider name's next try is due.
+func (p *Health) Next(name string) time.Time { return p.status(name).next }
+
+func (p *Health) status(name string) *providerStatus {
 	if p.st == nil {
 		p.st = map[string]*providerStatus{}
 	}
@@ -72,12 +90,12 @@ func (p *providerHealth) status(name string) *providerStatus {
 	return s
 }
 
-// failed records that provider name failed at stage with err at now and
+// Failed records that provider name failed at stage with err at now and
 // returns when to try again.
-func (p *providerHealth) failed(name, stage string, err error, now time.Time) time.Time {
+func (p *Health) Failed(name, stage string, err error, now time.Time) time.Time {
 	s := p.status(name)
 	s.failure = stage + ": " + err.Error()
-	s.backoff = nextBackoff(s.backoff)
+	s.backoff = NextBackoff(s.backoff)
 	s.next = now.Add(s.backoff)
 	p.log.Warn("provider failed; trying again", "provider", name, "stage", stage, "err", err, "in", s.backoff)
 	p.metrics.ProviderFailed(name, stage)
@@ -87,13 +105,13 @@ func (p *providerHealth) failed(name, stage string, err error, now time.Time) ti
 	}
 	if s.failure != s.evented {
 		s.evented = s.failure
-		p.event(corev1.EventTypeWarning, reasonProviderFailed, "provider %s failed to %s (retried with back-off): %v", name, stage, err)
+		p.Event(corev1.EventTypeWarning, reasonProviderFailed, "provider %s failed to %s (retried with back-off): %v", name, stage, err)
 	}
 	return s.next
 }
 
-// ok records that provider name runs and took its last update.
-func (p *providerHealth) ok(name string) {
+// OK records that provider name runs and took its last update.
+func (p *Health) OK(name string) {
 	s := p.status(name)
 	p.metrics.ProviderUp(name, true)
 	if s.failure == "" && s.evented == "" {
@@ -104,23 +122,37 @@ func (p *providerHealth) ok(name string) {
 		p.health.ProviderFailed(name, nil)
 	}
 	if s.evented != "" {
-		p.event(corev1.EventTypeNormal, reasonProviderRecovered, "provider %s recovered (it had failed with %s)", name, s.failure)
+		p.Event(corev1.EventTypeNormal, reasonProviderRecovered, "provider %s recovered (it had failed with %s)", name, s.failure)
 	}
 	*s = providerStatus{}
 }
 
-// due reports whether a provider's next try may run at now.
-func (p *providerHealth) due(name string, now time.Time) bool {
+// Due reports whether a provider's next try may run at now.
+func (p *Health) Due(name string, now time.Time) bool {
 	return !now.Before(p.status(name).next)
 }
 
-// pending registers provider name as not started yet: down until it starts.
-func (p *providerHealth) pending(name string) {
+// Pending registers provider name as not started yet: down until it starts.
+func (p *Health) Pending(name string) {
 	p.status(name)
 	p.metrics.ProviderUp(name, false)
 }
 
-func (p *providerHealth) event(typ, reason, msg string, args ...any) {
+// Reset forgets provider name's failures and back-off: it is configured
+// anew (or no more).
+func (p *Health) Reset(name string) {
+	if p.st[name] == nil {
+		return
+	}
+	if p.health != nil {
+		p.health.ProviderFailed(name, nil)
+	}
+	delete(p.st, name)
+}
+
+// Event puts an event on this node's Node object (none in the
+// controller).
+func (p *Health) Event(typ, reason, msg string, args ...any) {
 	if p.rec == nil || p.node == "" {
 		return
 	}

@@ -1,4 +1,4 @@
-package external
+package providers
 
 import (
 	"log/slog"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/onehop/onehop/external/leases"
 )
 
 // defendEvery bounds how often this node announces an IP again because
@@ -22,8 +24,8 @@ const probeWait = 200 * time.Millisecond
 // moment, even when the nodes' views of the Leases differ for a while.
 //
 // The announcer, if a node's Lease publishes its link-layer address, is
-// alive (liveness.heardFrom), and the IP's owner is computed again with
-// it. The lower-ranked node yields: if the IP is no longer this node's,
+// alive (leases.Liveness.HeardFrom), and the IP's owner is computed again
+// with it. The lower-ranked node yields: if the IP is no longer this node's,
 // the hook is woken and this node stops answering; if it still is, this
 // node defends it by announcing it again, at most once per defendEvery,
 // so that the neighbours come back to it and the other node, hearing
@@ -41,7 +43,7 @@ type l2Conflicts struct {
 	// asks who answers for IPs (its Probe).
 	announce func([]netip.Addr)
 	probe    func([]netip.Addr, time.Duration) map[netip.Addr]net.HardwareAddr
-	lv       *liveness
+	lv       *leases.Liveness
 	poke     func()
 	log      *slog.Logger
 	// stopping, when set, says this node is stopping: its last heartbeat
@@ -68,15 +70,15 @@ func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
 	if c.stopping != nil && c.stopping() {
 		return
 	}
-	node := c.lv.nodeOf(mac)
-	c.lv.heardFrom(node)
+	node := c.lv.NodeOf(mac)
+	c.lv.HeardFrom(node)
 	c.mu.Lock()
 	s := c.last
 	c.mu.Unlock()
 	if s == nil {
 		return
 	}
-	if owner, _ := l2Owner(s, ip); owner != s.Node || !s.Serves(ip) {
+	if owner, _ := L2Owner(s, ip); owner != s.Node || !s.Serves(ip) {
 		c.log.Info("l2 yield: another node announces an IP it outranks this one for", "ip", ip, "node", node, "mac", mac.String(), "owner", owner)
 		c.poke()
 		return
@@ -100,15 +102,16 @@ func (c *l2Conflicts) heard(ip netip.Addr, mac net.HardwareAddr) {
 // probeTakeovers probes the IPs this node is about to take over from a
 // node judged dead (took: each with the node that owned it at the last
 // look) and returns own without those a node still answers for. That node
-// is alive (heardFrom), and so the owner again if it outranks this one;
-// once it is no longer heard, the next look probes again.
+// is alive (leases.Liveness.HeardFrom), and so the owner again if it
+// outranks this one; once it is no longer heard, the next look probes
+// again.
 func (c *l2Conflicts) probeTakeovers(s *State, took map[netip.Addr]string, own []netip.Addr) []netip.Addr {
 	var ask []netip.Addr
 	for ip, from := range took {
 		// A node that stopped cleanly said so: its responder is closing,
 		// and one that answers the probe now would hold the IP back
 		// for a lease duration while nobody answers for it.
-		if !s.Alive(from) && !c.lv.left(from) {
+		if !s.Alive(from) && !c.lv.Left(from) {
 			ask = append(ask, ip)
 		}
 	}
@@ -125,30 +128,14 @@ func (c *l2Conflicts) probeTakeovers(s *State, took map[netip.Addr]string, own [
 		mac, ok := answers[ip]
 		var node string
 		if ok {
-			node = c.lv.nodeOf(mac)
+			node = c.lv.NodeOf(mac)
 		}
 		if node == "" || node == s.Node {
 			keep = append(keep, ip)
 			continue
 		}
 		c.log.Debug("l2: a node whose Lease expired still answers for an IP; it keeps it", "ip", ip, "node", node, "mac", mac.String())
-		c.lv.heardFrom(node)
+		c.lv.HeardFrom(node)
 	}
 	return keep
-}
-
-// l2LinkAddrs are the link-layer addresses the running L2 responder
-// answers with, for this node's liveness Lease.
-func (h *Hook) l2LinkAddrs() []string {
-	h.mu.Lock()
-	r := h.l2r
-	h.mu.Unlock()
-	if r == nil {
-		return nil
-	}
-	var out []string
-	for _, a := range r.LinkAddrs() {
-		out = append(out, a.String())
-	}
-	return out
 }

@@ -1,10 +1,11 @@
-package external
+package providers
 
 import (
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -182,12 +183,12 @@ func (o *l2Owners) update(s *State) {
 	keys := map[netip.Addr]string{}
 	for _, ip := range s.IPs() {
 		held := s.held(ip)
-		base, key := s.cluster, "*"
-		if slices.ContainsFunc(held, func(t Target) bool { return !sameNodes(t.Nodes, s.cluster) }) {
+		base, key := s.view.Cluster, "*"
+		if slices.ContainsFunc(held, func(t Target) bool { return !sameNodes(t.Nodes, s.view.Cluster) }) {
 			base = s.Eligible(ip)
 			key = "=" + strings.Join(base, ",")
 		}
-		picks := s.ann.l2PicksIP(ip)
+		picks := s.view.Ann.L2PicksIP(ip)
 		key += "|" + picks
 		keys[ip] = key
 		if _, ok := groups[key]; !ok {
@@ -201,10 +202,10 @@ func (o *l2Owners) update(s *State) {
 			if w.picks != "" {
 				p, ok := nodePicks[n]
 				if !ok {
-					p = s.ann.l2PicksNode(n)
+					p = s.view.Ann.L2PicksNode(n)
 					nodePicks[n] = p
 				}
-				if !picksShared(w.picks, p) {
+				if !config.PicksShared(w.picks, p) {
 					continue
 				}
 			}

@@ -1,4 +1,4 @@
-package external
+package providers
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/onehop/onehop/external/claims"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/portal"
 )
@@ -62,13 +64,13 @@ func (w *ownersWorld) state() *State {
 			cluster = append(cluster, n)
 		}
 	}
-	s := &State{Node: w.nodes[0], cluster: cluster, alive: func(n string) bool { return w.alive[n] }}
+	s := &State{Node: w.nodes[0], view: View{Cluster: cluster, Alive: func(n string) bool { return w.alive[n] }}}
 	for i, svc := range w.svcs {
 		nodes := cluster
 		if svc.local {
 			nodes = slices.DeleteFunc(slices.Clone(svc.on), func(n string) bool { return !w.eligible[n] })
 		}
-		for _, ip := range slices.Compact(sortedAddrs(svc.ips)) {
+		for _, ip := range slices.Compact(slices.SortedFunc(slices.Values(svc.ips), netip.Addr.Compare)) {
 			s.Targets = append(s.Targets, Target{IP: ip, Service: portal.ServiceKey{Namespace: "ns", Name: fmt.Sprint("s", i)}, Local: svc.local, Nodes: nodes})
 		}
 	}
@@ -76,27 +78,27 @@ func (w *ownersWorld) state() *State {
 		if c := a.IP.Compare(b.IP); c != 0 {
 			return c
 		}
-		return compareKey(a.Service, b.Service)
+		return claims.CompareKeys(a.Service, b.Service)
 	})
 	s.indexTargets()
 	if w.ads {
-		rules := &adRules{l2: []adRule{
-			{nodes: []labels.Selector{labels.SelectorFromSet(labels.Set{"l2": "yes"})}},
-			{pools: []string{"odd"}},
+		rules := &config.AdRules{L2: []config.AdRule{
+			{Nodes: []labels.Selector{labels.SelectorFromSet(labels.Set{"l2": "yes"})}},
+			{Pools: []string{"odd"}},
 		}}
-		s.ann = &announcer{rules: rules,
-			poolOf: func(ip netip.Addr) string {
+		s.view.Ann = config.NewAnnouncer(rules,
+			func(ip netip.Addr) string {
 				if ip.As4()[3]%2 == 1 {
 					return "odd"
 				}
 				return "even"
 			},
-			nodeLabels: func(n string) labels.Set {
+			func(n string) labels.Set {
 				if w.labelled[n] {
 					return labels.Set{"l2": "yes"}
 				}
 				return nil
-			}}
+			})
 	}
 	return s
 }
@@ -208,7 +210,7 @@ func wantOwners(s *State) map[netip.Addr]string {
 	plain.at = nil
 	out := map[netip.Addr]string{}
 	for _, ip := range plain.IPs() {
-		out[ip], _ = l2Owner(&plain, ip)
+		out[ip], _ = L2Owner(&plain, ip)
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package external
+package providers
 
 import (
 	"fmt"
@@ -56,26 +56,26 @@ func TestNextHopChanges(t *testing.T) {
 			{IP: cl, Service: portal.ServiceKey{Namespace: "default", Name: "cluster"}, Nodes: local},
 		}}
 	}
-	changes := func(m map[netip.Addr]hopChange) string { return fmt.Sprint(m) }
+	changes := func(m map[netip.Addr]HopChange) string { return fmt.Sprint(m) }
 	all := func(string) bool { return true }
-	now, changed := nextHopChanges(state("node1", "node2"), nil, all)
+	now, changed := NextHopChanges(state("node1", "node2"), nil, all)
 	if want := map[netip.Addr]string{lb: "node1, node2"}; !maps.Equal(now, want) || len(changed) != 0 {
 		t.Fatalf("first look: %v, %v; want %v and no change", now, changed, want)
 	}
-	now, changed = nextHopChanges(state("node1"), now, all)
-	if want := map[netip.Addr]hopChange{lb: {was: "node1, node2", svcs: []portal.ServiceKey{web, api}}}; !maps.Equal(now, map[netip.Addr]string{lb: "node1"}) ||
+	now, changed = NextHopChanges(state("node1"), now, all)
+	if want := map[netip.Addr]HopChange{lb: {Was: "node1, node2", Svcs: []portal.ServiceKey{web, api}}}; !maps.Equal(now, map[netip.Addr]string{lb: "node1"}) ||
 		changes(changed) != changes(want) {
 		t.Fatalf("node2's endpoint gone: %v, changed %v; want %v", now, changed, want)
 	}
-	now, changed = nextHopChanges(state("node1"), now, all)
+	now, changed = NextHopChanges(state("node1"), now, all)
 	if len(changed) != 0 {
 		t.Fatalf("nothing changed, yet %v", changed)
 	}
-	if _, changed = nextHopChanges(state(), now, all); changed[lb].was != "node1" || len(changed) != 1 {
+	if _, changed = NextHopChanges(state(), now, all); changed[lb].Was != "node1" || len(changed) != 1 {
 		t.Fatalf("last endpoint gone: changed %v", changed)
 	}
 	// node2 loses its BGP peers: it announces nothing, whatever its endpoints.
-	if now, _ = nextHopChanges(state("node1", "node2"), nil, func(n string) bool { return n != "node2" }); now[lb] != "node1" {
+	if now, _ = NextHopChanges(state("node1", "node2"), nil, func(n string) bool { return n != "node2" }); now[lb] != "node1" {
 		t.Fatalf("node2 without peers: next hops %q, want node1", now[lb])
 	}
 }

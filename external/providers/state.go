@@ -1,15 +1,18 @@
-package external
+package providers
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
 // Provider points provider forwarding (a router, an L2 segment, a cloud
-// load balancer) at the nodes that should receive each external IP. The Hook
+// load balancer) at the nodes that should receive each external IP. The hook
 // calls Update from one goroutine after every change of the cluster state or
 // of what this node's dataplane has programmed, within a second; Update must
 // not block for long. Close withdraws everything the provider announced
@@ -34,19 +37,34 @@ type State struct {
 	// NodeAddresses are every node's InternalIP and ExternalIP addresses.
 	NodeAddresses map[string][]netip.Addr
 
-	// programmed is what this node's dataplane serves, per address and
-	// Service; podIPs the pod external IPs it maps.
-	programmed map[served]programmed
-	podIPs     map[netip.Addr]bool
-	alive      func(node string) bool
-	// ann applies the advertisements (nil: everything is announced).
-	ann *announcer
-	// cluster are the nodes eligible under the Cluster policy, sorted:
-	// the Nodes of every Cluster-policy target share it.
-	cluster []string
+	// view is what else the hook saw (NewState).
+	view View
 	// at indexes Targets by IP (indexTargets); nil in a State made by
 	// hand, which is then searched.
 	at map[netip.Addr]span
+}
+
+// View is what the hook saw beside the targets, for a State.
+type View struct {
+	// Cluster are the nodes eligible under the Cluster policy, sorted:
+	// the Nodes of every Cluster-policy target share it.
+	Cluster []string
+	// Programmed is what this node's dataplane serves, per address and
+	// Service; PodIPs the pod external IPs it maps.
+	Programmed map[Served]Programmed
+	PodIPs     map[netip.Addr]bool
+	// Alive says whether a node's agent is alive (nil: every node is).
+	Alive func(node string) bool
+	// Ann applies the advertisements (nil: everything is announced).
+	Ann *config.Announcer
+}
+
+// NewState is s with what the hook saw (v), its Targets (sorted by IP, as
+// Targets makes them) indexed by IP.
+func NewState(s State, v View) *State {
+	s.view = v
+	s.indexTargets()
+	return &s
 }
 
 // span is a run of Targets, [from, to).
@@ -77,13 +95,15 @@ func (s *State) held(ip netip.Addr) []Target {
 	return out
 }
 
-// served names one Service's use of one address.
-type served struct {
-	ip  netip.Addr
-	svc portal.ServiceKey
+// Served names one Service's use of one address.
+type Served struct {
+	IP      netip.Addr
+	Service portal.ServiceKey
 }
 
-type programmed struct{ anyEndpoint, localEndpoint bool }
+// Programmed is what the dataplane holds of one Served: whether with any
+// endpoint, and with a local one.
+type Programmed struct{ AnyEndpoint, LocalEndpoint bool }
 
 // IPs returns the distinct target IPs, sorted.
 func (s *State) IPs() []netip.Addr {
@@ -130,13 +150,13 @@ func (s *State) Serves(ip netip.Addr) bool {
 			return false
 		}
 		if t.Pod {
-			if !s.podIPs[ip] {
+			if !s.view.PodIPs[ip] {
 				return false
 			}
 			continue
 		}
-		p, prog := s.programmed[served{ip, t.Service}]
-		if !prog || !p.anyEndpoint && !p.localEndpoint || t.Local && !p.localEndpoint {
+		p, prog := s.view.Programmed[Served{ip, t.Service}]
+		if !prog || !p.AnyEndpoint && !p.LocalEndpoint || t.Local && !p.LocalEndpoint {
 			return false
 		}
 	}
@@ -146,8 +166,32 @@ func (s *State) Serves(ip netip.Addr) bool {
 // Alive reports whether node's agent is alive (L2 liveness Leases); true
 // for every node when liveness is not tracked.
 func (s *State) Alive(node string) bool {
-	if s.alive == nil {
+	if s.view.Alive == nil {
 		return true
 	}
-	return s.alive(node)
+	return s.view.Alive(node)
+}
+
+// Fingerprint: providers are called again only when something they can see
+// changed (including liveness and what this node serves). It grows with
+// the targets and with the nodes, not with their product: the nodes of the
+// Cluster policy are written once, each node's liveness once, and the L2
+// advertisements as which of them pick each address and each node.
+func Fingerprint(s *State) string {
+	b := fmt.Appendf(nil, "%v|%v|", s.Leader, s.view.Cluster)
+	for _, t := range s.Targets {
+		var nodes any = t.Nodes
+		if len(t.Nodes) > 0 && sameNodes(t.Nodes, s.view.Cluster) {
+			nodes = "cluster"
+		}
+		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, nodes, t.HealthCheckNodePort, t.Ports)
+	}
+	for _, ip := range s.IPs() {
+		b = fmt.Appendf(b, "%s:%v:%v:%s;", ip, s.Serves(ip), s.view.Ann.BGPRoutes(ip, s.Node), s.view.Ann.L2PicksIP(ip))
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.NodeAddresses)) {
+		b = fmt.Appendf(b, "%s=%v%s,", n, s.Alive(n), s.view.Ann.L2PicksNode(n))
+	}
+	b = fmt.Appendf(b, "%v", s.NodeAddresses)
+	return string(b)
 }

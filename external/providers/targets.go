@@ -1,4 +1,4 @@
-package external
+package providers
 
 import (
 	"net/netip"
@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/onehop/onehop/external/alloc"
+	"github.com/onehop/onehop/external/claims"
 	"github.com/onehop/onehop/external/ipam"
 	"github.com/onehop/onehop/portal"
 )
@@ -67,13 +69,13 @@ func nodeAlive(n *corev1.Node) bool {
 	return false
 }
 
-// targetInput is the cluster state Targets reads.
-type targetInput struct {
-	services []*corev1.Service
-	slices   []*discoveryv1.EndpointSlice
-	nodes    []*corev1.Node
-	// own says who rightfully holds each address (registry).
-	own *ownership
+// TargetInput is the cluster state Targets reads.
+type TargetInput struct {
+	Services []*corev1.Service
+	Slices   []*discoveryv1.EndpointSlice
+	Nodes    []*corev1.Node
+	// Own says who rightfully holds each address (claims.Registry).
+	Own *claims.Ownership
 }
 
 // targets computes, for every external IP onehop is responsible for, the
@@ -81,18 +83,18 @@ type targetInput struct {
 // registry's answer): load-balancer IPs of managed Services, spec.externalIPs
 // that are allowed and not held by someone else, and pod external IPs. A
 // Service that merely names an address another holds gets no target for it.
-func targets(in targetInput) []Target {
-	out, _ := targetsAndCluster(in)
+func targets(in TargetInput) []Target {
+	out, _ := Targets(in)
 	return out
 }
 
-// targetsAndCluster is targets, and the nodes eligible under the Cluster
-// policy (sorted), which the Nodes of every Cluster-policy target share:
-// one slice, not one copy per IP.
-func targetsAndCluster(in targetInput) ([]Target, []string) {
+// Targets is targets, and the nodes eligible under the Cluster policy
+// (sorted), which the Nodes of every Cluster-policy target share: one
+// slice, not one copy per IP.
+func Targets(in TargetInput) ([]Target, []string) {
 	nodes := map[string]*corev1.Node{}
 	var cluster []string
-	for _, n := range in.nodes {
+	for _, n := range in.Nodes {
 		nodes[n.Name] = n
 		if NodeEligible(n) {
 			cluster = append(cluster, n.Name)
@@ -101,7 +103,7 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 	slices.Sort(cluster)
 	// Ready endpoints' nodes per Service.
 	ready := map[portal.ServiceKey]map[string]bool{}
-	for _, es := range in.slices {
+	for _, es := range in.Slices {
 		name := es.Labels[discoveryv1.LabelServiceName]
 		if name == "" {
 			continue
@@ -124,9 +126,9 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 		}
 	}
 	var out []Target
-	for _, svc := range in.services {
-		k := keyOf(svc) // one being deleted is served, and so announced, until it is gone
-		ips := append(slices.Clone(in.own.lb[k]), in.own.external[k]...)
+	for _, svc := range in.Services {
+		k := alloc.KeyOf(svc) // one being deleted is served, and so announced, until it is gone
+		ips := append(slices.Clone(in.Own.LB[k]), in.Own.External[k]...)
 		if len(ips) == 0 {
 			continue
 		}
@@ -145,8 +147,8 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 		default:
 			serving = cluster
 		}
-		req, _ := requestFor(svc)
-		ips = sortedAddrs(ips)
+		req, _ := alloc.RequestFor(svc)
+		slices.SortFunc(ips, netip.Addr.Compare)
 		ips = slices.Compact(ips)
 		for _, ip := range ips {
 			out = append(out, Target{
@@ -156,7 +158,7 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 			})
 		}
 	}
-	for _, pe := range in.own.pods {
+	for _, pe := range in.Own.Pods {
 		var ns []string
 		if nodeAlive(nodes[pe.NodeName]) {
 			ns = []string{pe.NodeName}
@@ -167,23 +169,7 @@ func targetsAndCluster(in targetInput) ([]Target, []string) {
 		if c := a.IP.Compare(b.IP); c != 0 {
 			return c
 		}
-		return compareKey(a.Service, b.Service)
+		return claims.CompareKeys(a.Service, b.Service)
 	})
 	return out, cluster
-}
-
-func compareKey(a, b portal.ServiceKey) int {
-	if a.Namespace != b.Namespace {
-		if a.Namespace < b.Namespace {
-			return -1
-		}
-		return 1
-	}
-	switch {
-	case a.Name < b.Name:
-		return -1
-	case a.Name > b.Name:
-		return 1
-	}
-	return 0
 }

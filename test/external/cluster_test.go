@@ -24,7 +24,10 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/test/cluster"
 )
@@ -77,7 +80,7 @@ func (tp *topo) twoNodeCluster(sw string) (*cluster.ControlPlane, kubernetes.Int
 // runHook runs node's external.Hook and model informers, wired as
 // `agent run` wires them (newAgentHook), until the test ends; the returned
 // stop function ends them early (a clean agent stop).
-func runHook(t *testing.T, cfg external.Config, c kubernetes.Interface, node string) (stop func()) {
+func runHook(t *testing.T, cfg config.Config, c kubernetes.Interface, node string) (stop func()) {
 	t.Helper()
 	h, watch, err := newAgentHook(cfg, c, node, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node))
 	if err != nil {
@@ -232,7 +235,7 @@ func checkNoDoubleAllocation(t *testing.T, c kubernetes.Interface) map[string][]
 			if keys[in.IP] == nil {
 				keys[in.IP] = map[string]bool{}
 			}
-			keys[in.IP][s.Annotations[external.AnnotationAllowSharedIP]] = true
+			keys[in.IP][s.Annotations[alloc.AnnotationAllowSharedIP]] = true
 		}
 	}
 	for ip, hs := range holders {
@@ -243,15 +246,15 @@ func checkNoDoubleAllocation(t *testing.T, c kubernetes.Interface) map[string][]
 	return holders
 }
 
-func ipamConfig() external.Config {
-	return external.Config{
-		Pools: []external.PoolConfig{
+func ipamConfig() config.Config {
+	return config.Config{
+		Pools: []config.PoolConfig{
 			{Name: "main", Addresses: []string{"192.0.2.1-192.0.2.3"}},
 			{Name: "manual", Addresses: []string{"198.51.100.0/31"}, AutoAssign: new(false)},
 		},
 		LeaseNamespace: "default",
-		LeaderLease: external.LeaseTiming{Duration: external.Duration{Duration: 3 * time.Second},
-			RenewDeadline: external.Duration{Duration: 2 * time.Second}, RetryPeriod: external.Duration{Duration: 250 * time.Millisecond}},
+		LeaderLease: config.LeaseTiming{Duration: config.Duration{Duration: 3 * time.Second},
+			RenewDeadline: config.Duration{Duration: 2 * time.Second}, RetryPeriod: config.Duration{Duration: 250 * time.Millisecond}},
 	}
 }
 
@@ -285,23 +288,23 @@ func testIPAM(t *testing.T, split bool) {
 		stops = map[string]func(){"n1": runHook(t, cfg, c, "n1"), "n2": runHook(t, cfg, c, "n2")}
 	}
 
-	createLB(t, c, "requested", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	createLB(t, c, "requested", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.3"))
 	if ips := lbIPs(t, c, "requested", "requested IP", some); ips[0] != "192.0.2.3" {
 		t.Fatalf("requested 192.0.2.3, got %v", ips)
 	}
-	createLB(t, c, "manual", 80, annotate(external.AnnotationAddressPool, "manual"))
+	createLB(t, c, "manual", 80, annotate(alloc.AnnotationAddressPool, "manual"))
 	if ips := lbIPs(t, c, "manual", "pool choice", some); !strings.HasPrefix(ips[0], "198.51.100.") {
 		t.Fatalf("pool manual: got %v", ips)
 	}
-	createLB(t, c, "share-a", 80, annotate(external.AnnotationAllowSharedIP, "k"))
+	createLB(t, c, "share-a", 80, annotate(alloc.AnnotationAllowSharedIP, "k"))
 	a := lbIPs(t, c, "share-a", "sharing", some)
-	createLB(t, c, "share-b", 443, annotate(external.AnnotationAllowSharedIP, "k"))
+	createLB(t, c, "share-b", 443, annotate(alloc.AnnotationAllowSharedIP, "k"))
 	if b := lbIPs(t, c, "share-b", "sharing", some); b[0] != a[0] {
 		t.Fatalf("share-b got %v, share-a %v: want one shared IP", b, a)
 	}
-	createLB(t, c, "conflict", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	createLB(t, c, "conflict", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.3"))
 	t.Logf("conflict event: %s", event(t, c, "conflict", "IPConflict"))
-	createLB(t, c, "bad", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.300"))
+	createLB(t, c, "bad", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.300"))
 	t.Logf("bad annotation event: %s", event(t, c, "bad", "BadAnnotation"))
 	createLB(t, c, "plain", 80)
 	lbIPs(t, c, "plain", "last free IP", some)
@@ -345,7 +348,7 @@ func testIPAM(t *testing.T, split bool) {
 
 	// Leader failover: whoever leads stops; the other must rebuild from
 	// status before allocating, so the new Service gets no held IP.
-	lease, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	lease, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,9 +357,9 @@ func testIPAM(t *testing.T, split bool) {
 	if err := c.CoreV1().Services("default").Delete(context.Background(), "share-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	createLB(t, c, "after-failover", 80, annotate(external.AnnotationAddressPool, "manual"))
+	createLB(t, c, "after-failover", 80, annotate(alloc.AnnotationAddressPool, "manual"))
 	got := lbIPs(t, c, "after-failover", "allocation after failover", some)
-	if l, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
+	if l, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
 		t.Fatalf("after %s stopped the lease is held by %v (%v)", leader, l.Spec.HolderIdentity, err)
 	}
 	if len(before[got[0]]) > 0 {
@@ -398,7 +401,7 @@ func newSplit(t *testing.T, cp *cluster.ControlPlane) *split {
 
 // config makes cfg the split's: node agents run only their part, the Leases
 // live where the RBAC allows them.
-func (s *split) config(cfg external.Config) external.Config {
+func (s *split) config(cfg config.Config) config.Config {
 	cfg.SeparateController = true
 	cfg.LeaseNamespace = splitLeaseNamespace
 	return cfg
@@ -417,13 +420,13 @@ func (s *split) nodeKubeconfig(node string) string {
 // runController runs `agent controller`'s hook in this process as the
 // controller's pod name on node, until the test ends (or the returned stop).
 // A 403 answer to any of its requests fails the test.
-func (s *split) runController(cfg external.Config, name, node string) (stop func()) {
+func (s *split) runController(cfg config.Config, name, node string) (stop func()) {
 	s.t.Helper()
 	return runUntilEnd(s.t, "controller "+name, s.newController(cfg, name, node))
 }
 
 // newController builds `agent controller`'s hook as runController runs it.
-func (s *split) newController(cfg external.Config, name, node string) *external.Hook {
+func (s *split) newController(cfg config.Config, name, node string) *external.Hook {
 	t := s.t
 	t.Helper()
 	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.ControllerServiceAccount, name, node)
@@ -489,7 +492,7 @@ func checkNodeLog(t *testing.T, node, log string) {
 // their per-node part, never campaign for it.
 func checkAllocatorHolder(t *testing.T, c kubernetes.Interface, controller string) {
 	t.Helper()
-	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("allocator Lease: %v", err)
 	}
@@ -505,7 +508,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // startNodeAgent runs node n's agent (hookMain, as startAgent does) inside
 // its namespace with the identity of its pod; at cleanup it is killed and
 // its log searched for refused requests (checkNodeLog).
-func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cmd {
+func (s *split) startNodeAgent(tp *topo, n string, cfg config.Config) *exec.Cmd {
 	t := s.t
 	t.Helper()
 	b, err := json.Marshal(cfg)
@@ -521,7 +524,7 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 
 // runAll starts a split install on cfg: the controller, and the agents
 // of node1 and node2.
-func (s *split) runAll(tp *topo, cfg external.Config) {
+func (s *split) runAll(tp *topo, cfg config.Config) {
 	s.t.Helper()
 	s.runController(cfg, "onehop-controller-0", "")
 	for _, n := range []string{"node1", "node2"} {
@@ -564,8 +567,8 @@ func TestL2SplitNodesOwnTheirLeases(t *testing.T) {
 	lab := newL2Lab(t)
 	cp, c := lab.twoNodeCluster("sw")
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		// A long Lease: a takeover within it can only come from the
 		// stopping agent deleting its own.
 		L2: &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 1, LeaseDurationSeconds: 30},
@@ -660,8 +663,8 @@ func TestWebhookSplitController(t *testing.T) {
 	}
 	setEndpoints(t, c, "web", map[string]string{"n2": "10.244.2.2"})
 	rcv.waitNodes(t, "default/web", "n2")
-	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
-	if err != nil || l.Annotations[external.AnnotationWebhookTerm] == "" {
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil || l.Annotations[leases.AnnotationWebhookTerm] == "" {
 		t.Fatalf("leader Lease %v, %v: want a webhook term recorded on it", l, err)
 	}
 	rcv.mu.Lock()
