@@ -15,7 +15,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME  ?= 10000x
 # A new input is minimized for at most this long (go's default, 60s, can eat a short run).
 FUZZMINIMIZETIME ?= 2s
-FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./config:FuzzConfigFile ./external:FuzzConfig
+FUZZ_TARGETS ?= ./portal:FuzzBuild ./nft:FuzzRender ./ipvs:FuzzPlan ./config:FuzzConfigFile ./external/config:FuzzConfig
 
 .PHONY: build test unit lint bench bench-e2e fuzz conformance generate
 

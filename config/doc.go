@@ -12,6 +12,6 @@
 // flags, passes what they hold in, and wires the resolved settings into the
 // model, the dataplanes and the cloud hook. It imports portal and external
 // only to check their parts of the file (service limits and balancing; the
-// external section, which external.DecodeConfig decodes), and must never
+// external section, which external/config decodes), and must never
 // import nft, ipvs or cmd/agent.
 package config

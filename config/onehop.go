@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/onehop/onehop/external"
+	extconfig "github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -109,7 +109,7 @@ func (fc *File) applyOnehop(oh *onehopConfiguration) error {
 		if oh.External[0] != '{' {
 			return fmt.Errorf("external: want a mapping, got %s", oh.External)
 		}
-		if _, err := external.DecodeConfig(oh.External); err != nil {
+		if _, err := extconfig.Decode(oh.External); err != nil {
 			return fmt.Errorf("external: %w", err)
 		}
 		fc.External = oh.External

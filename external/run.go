@@ -3,7 +3,7 @@ package external
 import (
 	"context"
 	"fmt"
-	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +11,10 @@ import (
 	"k8s.io/client-go/informers"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/onehop/onehop/external/config"
+	"github.com/onehop/onehop/external/leases"
+	"github.com/onehop/onehop/external/providers"
 )
 
 // Run runs until ctx ends; then it withdraws every announcement (providers'
@@ -28,7 +32,7 @@ func (h *Hook) Run(ctx context.Context) error {
 		defer h.broadcast.Shutdown()
 	}
 	if h.leaderBroadcast != nil {
-		h.leaderBroadcast.StartRecordingToSink(leaderEventSink{events: h.client.CoreV1(), term: h.termCtx})
+		h.leaderBroadcast.StartRecordingToSink(leases.NewEventSink(h.client.CoreV1(), h.termCtx))
 		defer h.leaderBroadcast.Shutdown()
 	}
 	for _, inf := range []cache.SharedIndexInformer{h.services, h.slices, h.nodes, h.pods, h.grants} {
@@ -56,11 +60,9 @@ func (h *Hook) Run(ctx context.Context) error {
 	}
 	var crdChanged <-chan struct{}
 	if h.crd != nil {
-		h.crd.factory.Start(ctx.Done())
-		defer h.crd.factory.Shutdown()
-		h.crd.secrets.Start(ctx.Done())
-		defer h.crd.secrets.Shutdown()
-		crdChanged = h.crd.changed
+		h.crd.Start(ctx.Done())
+		defer h.crd.Shutdown()
+		crdChanged = h.crd.Changed()
 	}
 	if h.watch != nil {
 		h.watch.Start(ctx)
@@ -79,7 +81,7 @@ func (h *Hook) Run(ctx context.Context) error {
 		}
 	}
 	if h.crd != nil {
-		if !h.crd.waitSynced(ctx, h.log) {
+		if !h.crd.WaitSynced(ctx) {
 			return fmt.Errorf("external: the caches of the onehop.io custom resources did not sync: %w", ctx.Err())
 		}
 		// Before anything runs: the providers start with it.
@@ -115,7 +117,7 @@ func (h *Hook) Run(ctx context.Context) error {
 			startRetry.Reset(time.Until(next))
 		}
 		if h.liveness != nil && stopLiveness == nil {
-			stop, err := h.watchLiveness(ctx, &wg)
+			stop, err := h.startLiveness(ctx, &wg)
 			if err != nil {
 				return err
 			}
@@ -148,10 +150,10 @@ func (h *Hook) Run(ctx context.Context) error {
 	throttle.Stop()
 	// told is what each provider was last told without an
 	// error. A failed update is tried again with the state of that moment
-	// after its provider's back-off (retryFirst, doubling up to retryMax;
-	// providerHealth), not only when something else changes; providers
+	// after its provider's back-off (providers.NextBackoff, followed by
+	// providers.Health), not only when something else changes; providers
 	// that took the state are not told it again.
-	told := map[Provider]string{}
+	told := map[providers.Provider]string{}
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	retry.Stop()
@@ -218,7 +220,7 @@ func (h *Hook) Run(ctx context.Context) error {
 			continue
 		}
 		st := h.state()
-		fp := fingerprint(st)
+		fp := providers.Fingerprint(st)
 		var again time.Time // when to try failed updates again
 		for _, p := range h.providers {
 			if told[p] == fp {
@@ -227,11 +229,11 @@ func (h *Hook) Run(ctx context.Context) error {
 			err := p.Update(ctx, st)
 			h.observeAnnounced(p) // what it announces, also after a partial failure
 			if err != nil {
-				again = earliest(again, h.phealth.failed(p.Name(), stageUpdate, err, time.Now()))
+				again = earliest(again, h.phealth.Failed(p.Name(), providers.StageUpdate, err, time.Now()))
 				continue
 			}
 			told[p] = fp
-			h.phealth.ok(p.Name())
+			h.phealth.OK(p.Name())
 		}
 		h.observePools(st.Leader)
 		h.noteNextHops(st, st.Leader)
@@ -241,12 +243,12 @@ func (h *Hook) Run(ctx context.Context) error {
 		if h.crd != nil && st.Leader && tctx != nil {
 			again = earliest(again, h.writeStatus(tctx))
 			if h.role == roleController {
-				again = earliest(again, h.publishPasswords(tctx))
+				again = earliest(again, h.crd.PublishPasswords(tctx))
 			}
 		}
-		if h.role == roleController && h.conf().settles() && tctx != nil {
+		if h.role == roleController && h.conf().Settles() && tctx != nil {
 			if err := h.publishGrants(tctx); err != nil {
-				backoff = nextBackoff(backoff)
+				backoff = providers.NextBackoff(backoff)
 				again = earliest(again, time.Now().Add(backoff))
 				h.log.Warn("pod external IP grants not written; trying again", "err", err, "in", backoff)
 			} else {
@@ -275,7 +277,7 @@ func (h *Hook) Run(ctx context.Context) error {
 // followsLiveness is a provider that can be told of a change of the
 // nodes' liveness alone, without a new state (the L2 provider).
 type followsLiveness interface {
-	followLiveness()
+	FollowLiveness()
 }
 
 // followLiveness tells the providers that follow liveness alone that it
@@ -283,37 +285,23 @@ type followsLiveness interface {
 func (h *Hook) followLiveness() {
 	for _, p := range h.providers {
 		if f, ok := p.(followsLiveness); ok {
-			f.followLiveness()
+			f.FollowLiveness()
 			h.observeAnnounced(p)
 		}
 	}
 }
 
 // nextExpiry sets expiry for the earliest moment a node alive now could
-// be judged dead (liveness.nextChange).
+// be judged dead (leases.Liveness.NextChange).
 func (h *Hook) nextExpiry(expiry *time.Timer) {
 	if h.liveness == nil {
 		return
 	}
-	if next := h.liveness.nextChange(); !next.IsZero() {
+	if next := h.liveness.NextChange(); !next.IsZero() {
 		expiry.Reset(time.Until(next) + time.Millisecond)
 	} else {
 		expiry.Stop()
 	}
-}
-
-// The back-off of a provider's failed start or update: retryFirst,
-// doubling up to retryMax.
-const (
-	retryFirst = time.Second
-	retryMax   = 30 * time.Second
-)
-
-func nextBackoff(d time.Duration) time.Duration {
-	if d <= 0 {
-		return retryFirst
-	}
-	return min(2*d, retryMax)
 }
 
 // standby: a controller that is not the leader has nothing to tell its
@@ -331,7 +319,7 @@ func (h *Hook) standby() bool {
 // needsLeader: something of the cluster-wide part is configured.
 func (h *Hook) needsLeader() bool {
 	c := h.conf()
-	return len(c.pools) > 0 || c.Webhook != nil || c.PodExternalIPs || c.CRDs || c.settles()
+	return len(c.IPAMPools) > 0 || c.Webhook != nil || c.PodExternalIPs || c.CRDs || c.Settles()
 }
 
 // idle: nothing is configured for this role, so Run watches nothing. In a
@@ -346,33 +334,205 @@ func (h *Hook) idle() bool {
 		c := h.conf()
 		// With the controller settling external IPs, the registry refuses
 		// this node's dataplane the claims it gives to someone else.
-		return c.BGP == nil && c.L2 == nil && !c.PodExternalIPs && !c.CRDs && !c.settles()
+		return c.BGP == nil && c.L2 == nil && !c.PodExternalIPs && !c.CRDs && !c.Settles()
 	case roleController:
 		return !h.needsLeader()
 	}
 	return false
 }
 
-// fingerprint: providers are called again only when something they can see
-// changed (including liveness and what this node serves). It grows with
-// the targets and with the nodes, not with their product: the nodes of the
-// Cluster policy are written once, each node's liveness once, and the L2
-// advertisements as which of them pick each address and each node.
-func fingerprint(s *State) string {
-	b := fmt.Appendf(nil, "%v|%v|", s.Leader, s.cluster)
-	for _, t := range s.Targets {
-		var nodes any = t.Nodes
-		if len(t.Nodes) > 0 && sameNodes(t.Nodes, s.cluster) {
-			nodes = "cluster"
+// providerStart starts one provider of this process's role; a start that
+// fails is tried again with back-off (startDue) until it succeeds.
+type providerStart struct {
+	name  string
+	start func(ctx context.Context) (providers.Provider, error)
+}
+
+// planProviders lists what the hook's role runs: BGP and L2 (with this
+// node's liveness Lease) on a node, the webhook sender where the
+// cluster-wide part runs; the caller's own, already running, everywhere.
+func (h *Hook) planProviders() {
+	if h.role.node() {
+		if h.conf().BGP != nil {
+			h.starts = append(h.starts, providerStart{"bgp", h.startBGP})
 		}
-		b = fmt.Appendf(b, "%s %s %v %v %d %v;", t.IP, t.Service, t.Local, nodes, t.HealthCheckNodePort, t.Ports)
+		if h.conf().L2 != nil {
+			h.starts = append(h.starts, providerStart{"l2", h.startL2})
+		}
 	}
-	for _, ip := range s.IPs() {
-		b = fmt.Appendf(b, "%s:%v:%v:%s;", ip, s.Serves(ip), s.ann.bgpRoutes(ip, s.Node), s.ann.l2PicksIP(ip))
+	if h.conf().Webhook != nil && h.role.controller() {
+		h.starts = append(h.starts, providerStart{"webhook", h.startWebhook})
 	}
-	for _, n := range slices.Sorted(maps.Keys(s.NodeAddresses)) {
-		b = fmt.Appendf(b, "%s=%v%s,", n, s.Alive(n), s.ann.l2PicksNode(n))
+	for _, s := range h.starts {
+		h.phealth.Pending(s.name)
 	}
-	b = fmt.Appendf(b, "%v", s.NodeAddresses)
-	return string(b)
+	for _, p := range h.extra {
+		h.phealth.OK(p.Name())
+	}
+	h.providers = append(h.providers, h.extra...)
+}
+
+// startDue tries the starts that are due at now; a provider that starts
+// joins h.providers. It returns when the earliest of those still failing
+// is due again (zero when none is left).
+func (h *Hook) startDue(ctx context.Context, now time.Time) (next time.Time) {
+	left := h.starts[:0]
+	for _, s := range h.starts {
+		if !h.phealth.Due(s.name, now) {
+			next = earliest(next, h.phealth.Next(s.name))
+			left = append(left, s)
+			continue
+		}
+		p, err := s.start(ctx)
+		if err != nil {
+			next = earliest(next, h.phealth.Failed(s.name, providers.StageStart, err, now))
+			left = append(left, s)
+			continue
+		}
+		h.phealth.OK(s.name)
+		h.providers = append(h.providers, p)
+	}
+	h.starts = left
+	return next
+}
+
+// earliest is the earlier of a and b, a zero time counting as none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// reload puts the custom resources as they are now in force, without a
+// restart. It runs in Run's goroutine, which owns the providers; those it
+// stops are started again by Run (startDue) with the new configuration.
+//
+// What churns, and nothing else:
+//   - a pool change: the allocator starts a new term from the Services'
+//     status (reloadAllocator), so every Service keeps its address while
+//     a pool that serves it still holds it; the registry and the
+//     advertisements apply at the next look, and only the addresses whose
+//     announcement they change are withdrawn or announced;
+//   - a change of this node's BGP peers (one added, deleted, or changed,
+//     a password say): the running speaker changes those peers alone
+//     (bgp.Speaker.SetPeers), and only their sessions reset;
+//   - a change of this node's ASN, router ID or next hops (or a speaker
+//     that is not running, or an in-place change that failed): the speaker
+//     is stopped and started again, which closes every session of this
+//     node and withdraws its routes until they re-establish;
+//   - a change of this node's L2 interfaces or lease timing: the
+//     responder is stopped and started again (its addresses are announced
+//     again with gratuitous ARP and unsolicited NA); its liveness Lease
+//     goes on;
+//   - a change of the webhook in force (its LoadBalancerWebhook, the key
+//     or CA it reads, the pools it picks): the webhook sender alone is
+//     stopped and started again, and starts a new term with a snapshot.
+//
+// The first reload (initial), before any provider runs, only puts the
+// configuration in force: the providers and the allocator start with it.
+func (h *Hook) reload(ctx context.Context, initial bool) {
+	cc := h.crd.Convert(h.base)
+	h.moves.crdPeers = cc.Peers
+	cfg := cc.Config
+	if h.role.node() {
+		cfg = cc.ForNode(h.ownNode())
+	}
+	p, err := cfg.Parse()
+	if err != nil {
+		// Each object was parsed alone and with the others: only a bug
+		// gets here. The configuration in force stays.
+		h.log.Error("external: the custom resources make no configuration; keeping the one in force", "err", err)
+		return
+	}
+	old := h.conf()
+	h.cfg.Store(p)
+	h.regMu.Lock()
+	h.registry.SetConfig(p)
+	h.regMu.Unlock()
+	h.mu.Lock()
+	h.verdicts = cc.Verdicts
+	h.mu.Unlock()
+	for _, v := range cc.Verdicts {
+		if v.Err != nil {
+			h.log.Warn("external: custom resource invalid", "kind", v.Kind, "name", v.Name, "lastGoodInForce", v.Stale, "err", v.Err)
+		}
+	}
+	if h.role.controller() && !config.SameWebhook(old, p) {
+		h.log.Info("external: webhook configuration", "from", cc.WebhookSource(h.base), "initial", initial)
+		if !initial {
+			h.replan(ctx, "webhook", p.Webhook != nil, h.startWebhook)
+		}
+	}
+	if initial {
+		return
+	}
+	if !reflect.DeepEqual(old.Pools, p.Pools) {
+		h.log.Info("external: pools changed", "pools", len(p.Pools))
+		select {
+		case h.poolsChanged <- struct{}{}:
+		default:
+		}
+	}
+	if h.role.node() {
+		if !config.SameBGP(old, p) && !h.bgpPeersInPlace(ctx, old, p) {
+			h.log.Info("external: this node's BGP configuration changed; restarting its speaker", "configured", p.BGP != nil)
+			h.replan(ctx, "bgp", p.BGP != nil, h.startBGP)
+		}
+		if !config.SameL2(old, p) {
+			h.log.Info("external: this node's L2 configuration changed; restarting its responder", "configured", p.L2 != nil)
+			h.replan(ctx, "l2", p.L2 != nil, h.startL2)
+		}
+	}
+	h.poke()
+}
+
+// bgpPeersInPlace applies a change of this node's BGP peers alone to its
+// running speaker, so that only the sessions of the peers added, deleted or
+// changed reset; it reports false when that does not apply (the speaker
+// must start again).
+func (h *Hook) bgpPeersInPlace(ctx context.Context, old, p *config.Parsed) bool {
+	if old.BGP == nil || p.BGP == nil || old.BGPError() != nil || p.BGPError() != nil {
+		return false
+	}
+	a, b := *old.BGP, *p.BGP
+	a.Peers, b.Peers = nil, nil
+	if !reflect.DeepEqual(a, b) {
+		return false
+	}
+	i := slices.IndexFunc(h.providers, func(pr providers.Provider) bool { return pr.Name() == "bgp" })
+	if i < 0 {
+		return false
+	}
+	bp, ok := h.providers[i].(*providers.BGP)
+	if !ok {
+		return false
+	}
+	if err := bp.SetPeers(ctx, p.BGP.Peers); err != nil {
+		h.log.Warn("external: BGP peers not changed in place; restarting the speaker", "err", err)
+		return false
+	}
+	h.log.Info("external: this node's BGP peers changed in place", "peers", len(p.BGP.Peers))
+	return true
+}
+
+// replan stops provider name if it runs (withdrawing what it announced)
+// and, when want, schedules its start now, whatever back-off an earlier
+// configuration's failures had built up.
+func (h *Hook) replan(ctx context.Context, name string, want bool, start func(context.Context) (providers.Provider, error)) {
+	if i := slices.IndexFunc(h.providers, func(p providers.Provider) bool { return p.Name() == name }); i >= 0 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := h.providers[i].Close(cctx); err != nil {
+			h.log.Warn("provider close failed", "provider", name, "err", err)
+		}
+		cancel()
+		h.providers = slices.Delete(h.providers, i, i+1)
+		h.metrics.Announced(name, 0)
+	}
+	h.starts = slices.DeleteFunc(h.starts, func(s providerStart) bool { return s.name == name })
+	h.phealth.Reset(name)
+	if want {
+		h.starts = append(h.starts, providerStart{name, start})
+		h.phealth.Pending(name)
+	}
 }

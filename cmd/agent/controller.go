@@ -23,6 +23,7 @@ import (
 	"github.com/onehop/onehop/config"
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	extconfig "github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -191,7 +192,7 @@ func controllerCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		<-ctx.Done()
 		return nil
 	}
-	ec, err := external.DecodeConfig(ext)
+	ec, err := extconfig.Decode(ext)
 	if err != nil {
 		return fmt.Errorf("%s: external section: %w", f.config, err)
 	}

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -31,7 +31,7 @@ import (
 func TestControllerCommand(t *testing.T) {
 	admin, conf := controllerSetup(t, "onehop-controller-test", `  pools: [{name: main, addresses: ["192.0.2.10"]}]
 `)
-	const leases = "onehop-leases"
+	const leaseNS = "onehop-leases"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -81,9 +81,9 @@ func TestControllerCommand(t *testing.T) {
 			ips = append(ips, in.IP)
 		}
 	}
-	l, err := admin.CoordinationV1().Leases(leases).Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err := admin.CoordinationV1().Leases(leaseNS).Get(ctx, leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != "ctl-a" {
-		t.Fatalf("leader Lease %s/%s: %+v, %v; want held by ctl-a", leases, external.AllocatorLeaseName, l, err)
+		t.Fatalf("leader Lease %s/%s: %+v, %v; want held by ctl-a", leaseNS, leases.AllocatorLeaseName, l, err)
 	}
 	// The leader, renewing its Lease, is healthy.
 	resp, err := http.Get("http://" + healthz + "/healthz")
@@ -120,7 +120,7 @@ func TestControllerCommand(t *testing.T) {
 	if runErr != nil {
 		t.Fatalf("agent controller: %v\n%s", runErr, log)
 	}
-	l, err = admin.CoordinationV1().Leases(leases).Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err = admin.CoordinationV1().Leases(leaseNS).Get(ctx, leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
 		t.Errorf("after a clean stop the leader Lease is %+v, %v; want released", l.Spec, err)
 	}

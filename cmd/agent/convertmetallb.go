@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/metallb"
 )
 
 // files is a repeatable -f flag.
@@ -48,7 +48,7 @@ func convertMetalLBCmd(args []string, stdin io.Reader, stdout, stderr io.Writer)
 		}
 		inputs = append(inputs, b)
 	}
-	c, err := external.ConvertMetalLB(external.MetalLBOptions{SecretNamespace: *secretNS}, inputs...)
+	c, err := metallb.Convert(metallb.Options{SecretNamespace: *secretNS}, inputs...)
 	if err != nil {
 		return err
 	}

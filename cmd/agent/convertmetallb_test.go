@@ -9,8 +9,8 @@ import (
 // convert-metallb prints the resources on stdout and the warnings on
 // stderr; warnings fail it only with --strict.
 func TestConvertMetalLBCmd(t *testing.T) {
-	const lossy = "../../external/testdata/metallb-bgp.yaml"
-	const clean = "../../external/testdata/metallb-l2.yaml"
+	const lossy = "../../external/metallb/testdata/metallb-bgp.yaml"
+	const clean = "../../external/metallb/testdata/metallb-l2.yaml"
 	for _, tc := range []struct {
 		args     []string
 		code     int

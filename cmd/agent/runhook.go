@@ -16,6 +16,7 @@ import (
 	"github.com/onehop/onehop/config"
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	extconfig "github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -62,7 +63,7 @@ func (h *nodeHook) wait() {
 func startNodeHook(ctx context.Context, w hookWiring) (*nodeHook, error) {
 	f, log, runner, tracker, node := w.settings, w.log, w.runner, w.tracker, w.node
 	h := &nodeHook{}
-	ec, err := external.DecodeConfig(f.External)
+	ec, err := extconfig.Decode(f.External)
 	if err != nil {
 		return nil, fmt.Errorf("%s: external section: %w", f.Config, err)
 	}

@@ -8,4 +8,6 @@
 //
 // Build the agent with -tags grpcnotrace: GoBGP pulls in gRPC, whose tracing
 // otherwise roughly doubles the binary.
+//
+// It must not import package external or any of its other subpackages.
 package bgp

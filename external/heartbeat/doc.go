@@ -20,5 +20,6 @@
 //
 // Peers is the pure part (no clock, no socket); Heartbeat sends, receives
 // and tells the caller when a peer becomes alive or dead. It never reads
-// Kubernetes objects.
+// Kubernetes objects, and must not import package external or any of its
+// other subpackages.
 package heartbeat

@@ -7,6 +7,12 @@
 // takeover, and a responder reports another host announcing an IP it
 // answers for (OnConflict), so that of two nodes answering one yields.
 //
+// It answers on the interfaces it is given: by default the one holding the
+// node's address (InterfaceOf), and those an interface pattern matches
+// (WithPatterns).
+//
 // Answering needs CAP_NET_RAW. The IP must not also be on lo of several
 // nodes: with arp_ignore=0 every one of them would answer.
+//
+// It must not import package external or any of its other subpackages.
 package l2

@@ -6,5 +6,6 @@
 // back-off until the state changes or the term ends. Generations grow
 // across leaders from a term the caller records in the apiserver. For
 // receivers it offers VerifyRequest (signature and age) and Mirror (the
-// generation rules). It knows nothing of Kubernetes.
+// generation rules). It knows nothing of Kubernetes, and must not import
+// package external or any of its other subpackages.
 package webhook

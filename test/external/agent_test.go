@@ -7,6 +7,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -16,7 +17,7 @@ import (
 // own part). The model's informers (portal.Informers with Watch) are the
 // caller's to start, if any: without them the hook starts the watch itself.
 // opts are added to the agent's.
-func newAgentHook(cfg external.Config, c kubernetes.Interface, node string, log *slog.Logger, opts ...external.Option) (h *external.Hook, watch *portal.ServiceWatch, err error) {
+func newAgentHook(cfg config.Config, c kubernetes.Interface, node string, log *slog.Logger, opts ...external.Option) (h *external.Hook, watch *portal.ServiceWatch, err error) {
 	watch = portal.NewServiceWatch(c, 0)
 	h, err = external.New(cfg, c, node, log, append([]external.Option{external.WithServiceWatch(watch)}, opts...)...)
 	if err != nil {

@@ -17,8 +17,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/config"
 )
 
 // upstreamRoutes makes the lab's BIRD send the nodes routes of its own,
@@ -321,8 +321,8 @@ func TestBGPPolicyNoTransit(t *testing.T) {
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both Services
 	sp := newSplit(t, cp)
 	const vip2 = "203.0.113.11"
-	sp.runAll(lab.topo, sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip2}}},
+	sp.runAll(lab.topo, sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip, vip2}}},
 		BGP: &bgp.Config{ASN: 64513, Peers: []bgp.Peer{
 			{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9},
 			{Address: secondRouter, ASN: 64514, HoldTimeSeconds: 9},

@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -66,7 +68,7 @@ func (tp *topo) twoNodeCluster(sw string) (*cluster.ControlPlane, kubernetes.Int
 // runHook runs node's external.Hook and model informers, wired as
 // `agent run` wires them (newAgentHook), until the test ends; the returned
 // stop function ends them early (a clean agent stop).
-func runHook(t *testing.T, cfg external.Config, c kubernetes.Interface, node string) (stop func()) {
+func runHook(t *testing.T, cfg config.Config, c kubernetes.Interface, node string) (stop func()) {
 	t.Helper()
 	h, watch, err := newAgentHook(cfg, c, node, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node))
 	if err != nil {
@@ -221,7 +223,7 @@ func checkNoDoubleAllocation(t *testing.T, c kubernetes.Interface) map[string][]
 			if keys[in.IP] == nil {
 				keys[in.IP] = map[string]bool{}
 			}
-			keys[in.IP][s.Annotations[external.AnnotationAllowSharedIP]] = true
+			keys[in.IP][s.Annotations[alloc.AnnotationAllowSharedIP]] = true
 		}
 	}
 	for ip, hs := range holders {
@@ -232,15 +234,15 @@ func checkNoDoubleAllocation(t *testing.T, c kubernetes.Interface) map[string][]
 	return holders
 }
 
-func ipamConfig() external.Config {
-	return external.Config{
-		Pools: []external.PoolConfig{
+func ipamConfig() config.Config {
+	return config.Config{
+		Pools: []config.PoolConfig{
 			{Name: "main", Addresses: []string{"192.0.2.1-192.0.2.3"}},
 			{Name: "manual", Addresses: []string{"198.51.100.0/31"}, AutoAssign: new(false)},
 		},
 		LeaseNamespace: "default",
-		LeaderLease: external.LeaseTiming{Duration: external.Duration{Duration: 3 * time.Second},
-			RenewDeadline: external.Duration{Duration: 2 * time.Second}, RetryPeriod: external.Duration{Duration: 250 * time.Millisecond}},
+		LeaderLease: config.LeaseTiming{Duration: config.Duration{Duration: 3 * time.Second},
+			RenewDeadline: config.Duration{Duration: 2 * time.Second}, RetryPeriod: config.Duration{Duration: 250 * time.Millisecond}},
 	}
 }
 

@@ -9,8 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 )
 
 // internalPeering makes the lab's BIRD an internal peer of both nodes (AS
@@ -62,7 +63,7 @@ func TestCRDBGPAdvertisementAttributes(t *testing.T) {
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both Services
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{CRDs: true})
+	cfg := sp.config(config.Config{CRDs: true})
 	sp.runAll(lab.topo, cfg)
 	const agg = "203.0.113.0/26"
 	cr.apply(v1alpha1.LoadBalancerIPPools, "lab", `{addresses: ["`+agg+`"]}`)
@@ -72,7 +73,7 @@ func TestCRDBGPAdvertisementAttributes(t *testing.T) {
 	cr.accepted(v1alpha1.BGPAdvertisements, "tagged", "True", "in force")
 
 	createLB(t, c, "web", 80, func(s *corev1.Service) {
-		s.Annotations = map[string]string{external.AnnotationLoadBalancerIPs: vip}
+		s.Annotations = map[string]string{alloc.AnnotationLoadBalancerIPs: vip}
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	})
 	if ips := lbIPs(t, c, "web", "allocation", some); ips[0] != vip {

@@ -9,8 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 )
 
 // TestCRDBGPAggregateOnlyWhatTheNodeServes: a BGPAdvertisement aggregates
@@ -42,7 +43,7 @@ func TestCRDBGPAggregateOnlyWhatTheNodeServes(t *testing.T) {
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	sp.runAll(lab.topo, sp.config(external.Config{CRDs: true}))
+	sp.runAll(lab.topo, sp.config(config.Config{CRDs: true}))
 	const agg = "203.0.113.0/26"
 	cr.apply(v1alpha1.LoadBalancerIPPools, "lab", `{addresses: ["`+agg+`"]}`)
 	cr.apply(v1alpha1.BGPPeers, "router", `{myASN: 64512, peerASN: 64512, peerAddress: 10.0.0.1, holdTimeSeconds: 9}`)
@@ -57,7 +58,7 @@ func TestCRDBGPAggregateOnlyWhatTheNodeServes(t *testing.T) {
 	}
 	for _, name := range []string{"a", "b", "c"} {
 		createLB(t, c, name, 80, func(s *corev1.Service) {
-			s.Annotations = map[string]string{external.AnnotationLoadBalancerIPs: ips[name]}
+			s.Annotations = map[string]string{alloc.AnnotationLoadBalancerIPs: ips[name]}
 			if name != "c" {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 			}

@@ -12,8 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 )
 
 // traceRoutes makes the lab's BIRD log every route its BGP sessions
@@ -65,7 +66,7 @@ func TestCRDBGPChangesStayInScope(t *testing.T) {
 
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{CRDs: true})
+	cfg := sp.config(config.Config{CRDs: true})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both Services
 	sp.runAll(lab.topo, cfg)
 	cr.apply(v1alpha1.LoadBalancerIPPools, "a", `{addresses: ["`+vipA+`"]}`)
@@ -80,7 +81,7 @@ func TestCRDBGPChangesStayInScope(t *testing.T) {
 	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
 	eps := map[string]string{"node1": "10.244.1.2", "node2": "10.244.2.2"}
 	for _, s := range []struct{ name, pool, ip string }{{"web-a", "a", vipA}, {"web-b", "b", vipB}} {
-		createLB(t, c, s.name, 80, annotate(external.AnnotationAddressPool, s.pool), local)
+		createLB(t, c, s.name, 80, annotate(alloc.AnnotationAddressPool, s.pool), local)
 		if ips := lbIPs(t, c, s.name, "allocation", some); ips[0] != s.ip {
 			t.Fatalf("%s got %v, want %s", s.name, ips, s.ip)
 		}
@@ -101,7 +102,7 @@ func TestCRDBGPChangesStayInScope(t *testing.T) {
 	// Pool a grows, and a second Service takes its new address.
 	cr.apply(v1alpha1.LoadBalancerIPPools, "a", `{addresses: ["`+vipA+`-`+vipA2+`"]}`)
 	cr.accepted(v1alpha1.LoadBalancerIPPools, "a", "True", "in force")
-	createLB(t, c, "web-a2", 80, annotate(external.AnnotationAddressPool, "a"), local)
+	createLB(t, c, "web-a2", 80, annotate(alloc.AnnotationAddressPool, "a"), local)
 	if ips := lbIPs(t, c, "web-a2", "allocation from the grown pool", some); ips[0] != vipA2 {
 		t.Fatalf("web-a2 got %v, want %s", ips, vipA2)
 	}

@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 )
 
 // requirePassword makes the lab's BIRD ask every node for the TCP MD5
@@ -128,7 +128,7 @@ func TestCRDBGPPeerFromSecret(t *testing.T) {
 
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{CRDs: true})
+	cfg := sp.config(config.Config{CRDs: true})
 	sp.runAll(lab.topo, cfg)
 	setSecret(t, c, "bgp-auth", "password", "s3cret")
 	cr.apply(v1alpha1.LoadBalancerIPPools, "lab", `{addresses: ["`+vip+`"]}`)

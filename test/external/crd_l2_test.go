@@ -8,8 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -32,7 +32,7 @@ func TestCRDL2Advertisement(t *testing.T) {
 
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{CRDs: true, L2: &l2.Config{LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5}})
+	cfg := sp.config(config.Config{CRDs: true, L2: &l2.Config{LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5}})
 	sp.runController(cfg, "onehop-controller-0", "")
 	for _, n := range []string{"node1", "node2"} {
 		sp.startNodeAgent(lab, n, cfg)

@@ -16,8 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -143,7 +144,7 @@ func crdController(t *testing.T, name string) (kubernetes.Interface, *crds) {
 	}
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	sp.runController(sp.config(external.Config{CRDs: true}), "onehop-controller-0", "")
+	sp.runController(sp.config(config.Config{CRDs: true}), "onehop-controller-0", "")
 	return c, cr
 }
 
@@ -293,7 +294,7 @@ func TestCRDPoolShrinkKeepsAddresses(t *testing.T) {
 	// twice, and its address stays its own.
 	cr.apply(pools, "spare", `{addresses: ["198.51.100.10"], autoAssign: false}`)
 	cr.accepted(pools, "spare", "True", "in force")
-	createLB(t, c, "web6", 85, annotate(external.AnnotationAddressPool, "spare"))
+	createLB(t, c, "web6", 85, annotate(alloc.AnnotationAddressPool, "spare"))
 	lbIPs(t, c, "web6", "spare", some)
 	if n := outsideEvents(t, c, "web"); n != 1 {
 		t.Errorf("web told %d times that its address is outside every pool, want once", n)

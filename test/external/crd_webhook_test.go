@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/test/cluster"
 )
@@ -171,7 +171,7 @@ func TestCRDWebhookFromSecret(t *testing.T) {
 	if err := os.WriteFile(fileCAPath, []byte(fileCA), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := sp.config(external.Config{CRDs: true,
+	cfg := sp.config(config.Config{CRDs: true,
 		Webhook: &webhook.Config{URL: fileURL, Secret: "file-key", CAFile: fileCAPath, MaxBackoffSeconds: 1}})
 	sp.runController(cfg, "onehop-controller-0", "")
 	createLB(t, c, "web", 80, annotate("onehop.io/address-pool", "public"))

@@ -26,6 +26,7 @@ import (
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -88,8 +89,8 @@ func hookMain(cfgJSON, kubeconfig, node string) int {
 // processSetup is what a process a test starts (hookMain, controllerMain)
 // runs on: its configuration (JSON) and its clients from kubeconfig, with
 // userAgent as their user agent unless empty (the default client-go's).
-func processSetup(cfgJSON, kubeconfig, userAgent string) (external.Config, kubernetes.Interface, dynamic.Interface, error) {
-	var cfg external.Config
+func processSetup(cfgJSON, kubeconfig, userAgent string) (config.Config, kubernetes.Interface, dynamic.Interface, error) {
+	var cfg config.Config
 	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
 		return cfg, nil, nil, fmt.Errorf("config: %w", err)
 	}
@@ -123,8 +124,8 @@ func TestBGPHookLocalPolicy(t *testing.T) {
 	cp, c := lab.twoNodeCluster("router")
 
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		BGP:   &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
 	})
 	sp.runController(cfg, "onehop-controller-0", "")
@@ -202,7 +203,7 @@ func putSlice(t *testing.T, c kubernetes.Interface, svc, name string, family dis
 
 // startAgent runs a Hook (hookMain) for node n inside its namespace; it is
 // killed at cleanup, its log shown when the test failed.
-func (tp *topo) startAgent(n string, cfg external.Config, kubeconfig string) *exec.Cmd {
+func (tp *topo) startAgent(n string, cfg config.Config, kubeconfig string) *exec.Cmd {
 	t := tp.t
 	t.Helper()
 	b, _ := json.Marshal(cfg)

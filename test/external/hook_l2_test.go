@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -62,8 +62,8 @@ func TestL2HookVethDeleted(t *testing.T) {
 func l2HookTakeover(t *testing.T, how string, separate bool, fail func(lab *topo, owner string, kill func())) {
 	lab := newL2Lab(t)
 	cp, c := lab.twoNodeCluster("sw")
-	cfg := external.Config{
-		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := config.Config{
+		Pools:          []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		LeaseNamespace: "default",
 		L2:             &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	}

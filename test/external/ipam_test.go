@@ -8,7 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
+	"github.com/onehop/onehop/external/leases"
 )
 
 // TestIPAMAgainstAPIServer: two agents elect one allocator; requested IPs,
@@ -41,23 +42,23 @@ func testIPAM(t *testing.T, split bool) {
 		stops = map[string]func(){"n1": runHook(t, cfg, c, "n1"), "n2": runHook(t, cfg, c, "n2")}
 	}
 
-	createLB(t, c, "requested", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	createLB(t, c, "requested", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.3"))
 	if ips := lbIPs(t, c, "requested", "requested IP", some); ips[0] != "192.0.2.3" {
 		t.Fatalf("requested 192.0.2.3, got %v", ips)
 	}
-	createLB(t, c, "manual", 80, annotate(external.AnnotationAddressPool, "manual"))
+	createLB(t, c, "manual", 80, annotate(alloc.AnnotationAddressPool, "manual"))
 	if ips := lbIPs(t, c, "manual", "pool choice", some); !strings.HasPrefix(ips[0], "198.51.100.") {
 		t.Fatalf("pool manual: got %v", ips)
 	}
-	createLB(t, c, "share-a", 80, annotate(external.AnnotationAllowSharedIP, "k"))
+	createLB(t, c, "share-a", 80, annotate(alloc.AnnotationAllowSharedIP, "k"))
 	a := lbIPs(t, c, "share-a", "sharing", some)
-	createLB(t, c, "share-b", 443, annotate(external.AnnotationAllowSharedIP, "k"))
+	createLB(t, c, "share-b", 443, annotate(alloc.AnnotationAllowSharedIP, "k"))
 	if b := lbIPs(t, c, "share-b", "sharing", some); b[0] != a[0] {
 		t.Fatalf("share-b got %v, share-a %v: want one shared IP", b, a)
 	}
-	createLB(t, c, "conflict", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.3"))
+	createLB(t, c, "conflict", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.3"))
 	t.Logf("conflict event: %s", event(t, c, "conflict", "IPConflict"))
-	createLB(t, c, "bad", 80, annotate(external.AnnotationLoadBalancerIPs, "192.0.2.300"))
+	createLB(t, c, "bad", 80, annotate(alloc.AnnotationLoadBalancerIPs, "192.0.2.300"))
 	t.Logf("bad annotation event: %s", event(t, c, "bad", "BadAnnotation"))
 	createLB(t, c, "plain", 80)
 	lbIPs(t, c, "plain", "last free IP", some)
@@ -101,7 +102,7 @@ func testIPAM(t *testing.T, split bool) {
 
 	// Leader failover: whoever leads stops; the other must rebuild from
 	// status before allocating, so the new Service gets no held IP.
-	lease, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	lease, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +111,9 @@ func testIPAM(t *testing.T, split bool) {
 	if err := c.CoreV1().Services("default").Delete(context.Background(), "share-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	createLB(t, c, "after-failover", 80, annotate(external.AnnotationAddressPool, "manual"))
+	createLB(t, c, "after-failover", 80, annotate(alloc.AnnotationAddressPool, "manual"))
 	got := lbIPs(t, c, "after-failover", "allocation after failover", some)
-	if l, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
+	if l, err := c.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity == leader {
 		t.Fatalf("after %s stopped the lease is held by %v (%v)", leader, l.Spec.HolderIdentity, err)
 	}
 	if len(before[got[0]]) > 0 {

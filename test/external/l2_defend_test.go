@@ -11,7 +11,7 @@ import (
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -31,8 +31,8 @@ func TestL2OwnerDefendsItsIP(t *testing.T) {
 	lab.ip("rogue", "addr", "add", "10.0.0.66/24", "dev", "eth0")
 	cp, c := lab.twoNodeCluster("sw")
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		L2:    &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	})
 	sp.runAll(lab, cfg)

@@ -12,7 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -138,7 +138,7 @@ type dualStackL2 struct {
 	lab     *topo
 	c       kubernetes.Interface
 	sp      *split
-	cfg     external.Config
+	cfg     config.Config
 	agents  map[string]*exec.Cmd
 	mac     map[string]string // node -> its eth0's link-layer address
 	owners  map[string]string // address -> l2.Owner over both nodes
@@ -159,8 +159,8 @@ func startDualStackL2With(t *testing.T, tune func(*l2.Config), opts ...svcOpt) *
 	if tune != nil {
 		tune(l2c)
 	}
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
 		L2:    l2c,
 	})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families

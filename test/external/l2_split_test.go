@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -25,8 +25,8 @@ func TestL2SplitNodesOwnTheirLeases(t *testing.T) {
 	lab := newL2Lab(t)
 	cp, c := lab.twoNodeCluster("sw")
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		// A long Lease: a takeover within it can only come from the
 		// stopping agent deleting its own.
 		L2: &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 1, LeaseDurationSeconds: 30},

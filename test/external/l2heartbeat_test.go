@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 )
 
@@ -55,8 +55,8 @@ func TestL2HeartbeatFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip, vip6}}},
 		L2:    &l2.Config{Interfaces: []string{"eth0"}, Heartbeat: &l2.HeartbeatConfig{KeyFile: key}},
 	})
 	t.Setenv("OHX_MODEL", "1") // the agents serve what their own model programs: both families
@@ -242,7 +242,7 @@ func TestL2LinkDownGivesIPsUp(t *testing.T) {
 				l2c.Heartbeat = &l2.HeartbeatConfig{KeyFile: key}
 			}
 			sp := newSplit(t, cp)
-			cfg := sp.config(external.Config{Pools: []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}}, L2: l2c})
+			cfg := sp.config(config.Config{Pools: []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}}, L2: l2c})
 			sp.runController(cfg, "onehop-controller-0", "")
 			for _, n := range names {
 				sp.startNodeAgent(lab, n, cfg)

@@ -21,6 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
+	"github.com/onehop/onehop/external/config"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/external/webhook"
 	"github.com/onehop/onehop/test/cluster"
 )
@@ -64,7 +67,7 @@ func controllerMain(cfgJSON, kubeconfig, identity string) int {
 // in namespace n of tp, with the identity of its pod under deploy/base's
 // RBAC; it is killed at cleanup, and a refused request in its log fails
 // the test.
-func (s *split) startController(tp *topo, n, name string, cfg external.Config) *exec.Cmd {
+func (s *split) startController(tp *topo, n, name string, cfg config.Config) *exec.Cmd {
 	t := s.t
 	t.Helper()
 	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.ControllerServiceAccount, name, "")
@@ -83,7 +86,7 @@ func (s *split) startController(tp *topo, n, name string, cfg external.Config) *
 
 // allocatorHolder is the allocator Lease's holder ("" for none).
 func allocatorHolder(c kubernetes.Interface) string {
-	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}
@@ -135,9 +138,9 @@ func TestLeaderFencedOnRenewDeadline(t *testing.T) {
 	}
 	cp, c := tp.startControlPlane("cp", "10.0.0.2")
 	sp := newSplit(t, cp)
-	lease := external.LeaseTiming{Duration: external.Duration{Duration: 6 * time.Second},
-		RenewDeadline: external.Duration{Duration: 4 * time.Second}, RetryPeriod: external.Duration{Duration: 500 * time.Millisecond}}
-	cfg := sp.config(external.Config{Pools: []external.PoolConfig{{Name: "main", Addresses: []string{"192.0.2.1-192.0.2.3"}}}, LeaderLease: lease})
+	lease := config.LeaseTiming{Duration: config.Duration{Duration: 6 * time.Second},
+		RenewDeadline: config.Duration{Duration: 4 * time.Second}, RetryPeriod: config.Duration{Duration: 500 * time.Millisecond}}
+	cfg := sp.config(config.Config{Pools: []config.PoolConfig{{Name: "main", Addresses: []string{"192.0.2.1-192.0.2.3"}}}, LeaderLease: lease})
 	const a, b = "onehop-controller-a", "onehop-controller-b"
 	holders := watchHolders(t, c)
 	sp.startController(tp, "ctla", a, cfg)
@@ -151,7 +154,7 @@ func TestLeaderFencedOnRenewDeadline(t *testing.T) {
 	tp.exec("ctla", "nft", "add", "chain", "inet", "ohxcut", "out", "{ type filter hook output priority 0 ; }")
 	tp.exec("ctla", "nft", "add", "rule", "inet", "ohxcut", "out", "ip", "daddr", "10.0.0.2", "drop")
 	time.Sleep(lease.RenewDeadline.Duration + time.Second) // past a's renew deadline
-	createLB(t, c, "late", 81, annotate(external.AnnotationLoadBalancerIPs, "not-an-address"))
+	createLB(t, c, "late", 81, annotate(alloc.AnnotationLoadBalancerIPs, "not-an-address"))
 	waitHolder(t, c, b, "a cut off")
 	if _, ok := waitFor(context.Background(), 30*time.Second, func() bool { return len(eventsBy(c, "late", "BadAnnotation", b)) > 0 }); !ok {
 		t.Fatal("the new leader b put no BadAnnotation event on late")
@@ -181,7 +184,7 @@ func watchHolders(t *testing.T, c kubernetes.Interface) func() []string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	w, err := c.CoordinationV1().Leases(splitLeaseNamespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + external.AllocatorLeaseName})
+	w, err := c.CoordinationV1().Leases(splitLeaseNamespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + leases.AllocatorLeaseName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +239,7 @@ func TestLeaderWithoutWebhookGivesUpLease(t *testing.T) {
 	const a, b = "onehop-controller-a", "onehop-controller-b"
 	now := metav1.NewMicroTime(time.Now())
 	if _, err := c.CoordinationV1().Leases(splitLeaseNamespace).Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: splitLeaseNamespace, Name: external.AllocatorLeaseName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: splitLeaseNamespace, Name: leases.AllocatorLeaseName},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: new(a), LeaseDurationSeconds: new(int32(3600)),
 			AcquireTime: &now, RenewTime: &now},
 	}, metav1.CreateOptions{}); err != nil {

@@ -14,8 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
+	"github.com/onehop/onehop/external/metallb"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -49,16 +50,16 @@ func TestMetalLBAnnotationsAgainstAPIServer(t *testing.T) {
 }
 
 // TestConvertMetalLBAgainstAPIServer: what agent convert-metallb makes of
-// the MetalLB examples of external/testdata, and of docs/metallb.md's
+// the MetalLB examples of external/metallb/testdata, and of docs/metallb.md's
 // worked example, passes the onehop.io CRDs' schema and CEL rules of a real
 // API server, and the controller of a split install accepts every object
 // (with the Secrets a MetalLB passwordSecret named copied to the lease
 // namespace, as the warnings say).
 func TestConvertMetalLBAgainstAPIServer(t *testing.T) {
 	t.Run("testdata", func(t *testing.T) {
-		inputs, _ := filepath.Glob("../../external/testdata/metallb-*.yaml")
+		inputs, _ := filepath.Glob("../../external/metallb/testdata/metallb-*.yaml")
 		if len(inputs) == 0 {
-			t.Fatal("no ../../external/testdata/metallb-*.yaml")
+			t.Fatal("no ../../external/metallb/testdata/metallb-*.yaml")
 		}
 		var in [][]byte
 		for _, f := range inputs {
@@ -87,7 +88,7 @@ func TestConvertMetalLBAgainstAPIServer(t *testing.T) {
 // (at least want onehop objects) on a fresh API server and waits for each
 // to be accepted.
 func convertedAccepted(t *testing.T, want int, in ...[]byte) {
-	conv, err := external.ConvertMetalLB(external.MetalLBOptions{SecretNamespace: splitLeaseNamespace}, in...)
+	conv, err := metallb.Convert(metallb.Options{SecretNamespace: splitLeaseNamespace}, in...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func convertedAccepted(t *testing.T, want int, in ...[]byte) {
 	}
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	sp.runController(sp.config(external.Config{CRDs: true}), "onehop-controller-0", "")
+	sp.runController(sp.config(config.Config{CRDs: true}), "onehop-controller-0", "")
 
 	type created struct {
 		gvr  schema.GroupVersionResource

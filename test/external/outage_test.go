@@ -12,8 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/test/cluster"
 )
@@ -64,7 +64,7 @@ func probeThroughHang(t *testing.T, what string, probe func() error) int {
 // bridge br0 in namespace sw, creates node1 and node2, starts an agent on
 // each with cfg (plus a pool holding the VIP) and creates the ETP Local
 // LoadBalancer Service "web" with an endpoint on each node.
-func startOutageCluster(lab *topo, sw string, cfg external.Config) (*cluster.ControlPlane, kubernetes.Interface) {
+func startOutageCluster(lab *topo, sw string, cfg config.Config) (*cluster.ControlPlane, kubernetes.Interface) {
 	t := lab.t
 	lab.add("cp")
 	lab.veth(sw, "vcp", "cp", "eth0")
@@ -73,7 +73,7 @@ func startOutageCluster(lab *topo, sw string, cfg external.Config) (*cluster.Con
 	cp, c := lab.startControlPlane("cp", "10.0.0.2")
 	createReadyNode(t, c, "node1", "10.0.0.11")
 	createReadyNode(t, c, "node2", "10.0.0.12")
-	cfg.Pools = []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}}
+	cfg.Pools = []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}}
 	cfg.LeaseNamespace = "default"
 	for _, n := range []string{"node1", "node2"} {
 		lab.startAgent(n, cfg, cp.Kubeconfig)
@@ -99,7 +99,7 @@ func (e probeErr) Error() string { return string(e) }
 // moves the VIP to the other node.
 func TestL2ServesThroughAPIServerOutage(t *testing.T) {
 	lab := newL2Lab(t)
-	cp, c := startOutageCluster(lab, "sw", external.Config{
+	cp, c := startOutageCluster(lab, "sw", config.Config{
 		L2: &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	})
 
@@ -156,7 +156,7 @@ func TestL2ServesThroughAPIServerOutage(t *testing.T) {
 // change withdraws the node that lost its endpoint.
 func TestBGPServesThroughAPIServerOutage(t *testing.T) {
 	lab := newBGPLab(t)
-	cp, c := startOutageCluster(lab.topo, "router", external.Config{BGP: &bgp.Config{ASN: 64513,
+	cp, c := startOutageCluster(lab.topo, "router", config.Config{BGP: &bgp.Config{ASN: 64513,
 		Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}}})
 	both := []string{"10.0.0.11", "10.0.0.12"}
 	lab.waitHops(t, "both nodes have a local endpoint", both...)
@@ -202,7 +202,7 @@ func TestBGPServesThroughAPIServerOutage(t *testing.T) {
 // every 50 ms hears the owner alone, and is served by it.
 func TestL2PartitionComeback(t *testing.T) {
 	lab := newL2Lab(t)
-	_, _ = startOutageCluster(lab, "sw", external.Config{
+	_, _ = startOutageCluster(lab, "sw", config.Config{
 		L2: &l2.Config{Interfaces: []string{"eth0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	})
 	owner := l2.Owner(netip4(vip), []string{"node1", "node2"})

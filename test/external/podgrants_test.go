@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/claims"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -50,7 +52,7 @@ func TestPodExternalIPsSettledByController(t *testing.T) {
 		}
 	}
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{ExternalIPCIDRs: []string{"203.0.113.0/24"}, PodExternalIPs: true})
+	cfg := sp.config(config.Config{ExternalIPCIDRs: []string{"203.0.113.0/24"}, PodExternalIPs: true})
 	stopCtl := sp.runController(cfg, "onehop-controller-0", "node1")
 	hooks := map[string]*external.Hook{}
 	for _, n := range []string{"node1", "node2"} {
@@ -61,7 +63,7 @@ func TestPodExternalIPsSettledByController(t *testing.T) {
 	pb := claimPod(t, c, "team-b", "b", "node2", "203.0.113.50", "10.244.2.2")
 	claimPod(t, c, "team-b", "c", "node2", "203.0.113.51", "10.244.2.3")
 	expectMapped(t, hooks, map[string][]string{"node1": {"team-a/a=203.0.113.50"}, "node2": {"team-b/c=203.0.113.51"}})
-	if msg := eventIn(t, c, pb.Namespace, pb.Name, external.ReasonExternalIPConflict); !strings.Contains(msg, "another namespace") {
+	if msg := eventIn(t, c, pb.Namespace, pb.Name, claims.ReasonExternalIPConflict); !strings.Contains(msg, "another namespace") {
 		t.Errorf("team-b/b's event %q should say a Pod of another namespace holds the address, and not name it", msg)
 	}
 
@@ -83,7 +85,7 @@ func TestPodExternalIPsSettledByController(t *testing.T) {
 
 // runNodeHook runs node's hook in this process with the identity of its
 // agent pod, under deploy/base's RBAC; a 403 answer fails the test.
-func (s *split) runNodeHook(cfg external.Config, node string) *external.Hook {
+func (s *split) runNodeHook(cfg config.Config, node string) *external.Hook {
 	t := s.t
 	t.Helper()
 	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.NodeAgentServiceAccount, "onehop-"+node, node)
@@ -108,7 +110,7 @@ func claimPod(t *testing.T, c kubernetes.Interface, ns, name, node, ip, podIP st
 	t.Helper()
 	ctx := context.Background()
 	p, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{external.AnnotationExternalIP: ip}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{claims.AnnotationExternalIP: ip}},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/x:1"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/onehop/onehop/dataplane"
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/external/l2"
 	"github.com/onehop/onehop/external/webhook"
 )
@@ -248,8 +249,8 @@ func TestL2ProviderMissingInterface(t *testing.T) {
 	lab.ip("node1", "addr", "add", "10.0.0.11/24", "dev", "eth0")
 	cp, c := lab.startControlPlane("cp", "10.0.0.2")
 	createReadyNode(t, c, "node1", "10.0.0.11")
-	cfg := external.Config{
-		Pools:          []external.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
+	cfg := config.Config{
+		Pools:          []config.PoolConfig{{Name: "lab", Addresses: []string{vip}}},
 		LeaseNamespace: "default",
 		L2:             &l2.Config{Interfaces: []string{"lan0"}, LeaseRenewSeconds: 0.5, LeaseDurationSeconds: 1.5},
 	}

@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/api/v1alpha1"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -32,7 +32,7 @@ func TestNodeAgentReadsOnlyBGPPasswords(t *testing.T) {
 	lab.requirePassword(t, "s3cret")
 	cr := installCRDs(t, cp)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{CRDs: true})
+	cfg := sp.config(config.Config{CRDs: true})
 
 	// What was there before: the password Secret and its peer, and
 	// Secrets no node needs.
@@ -104,26 +104,26 @@ func TestNodeAgentReadsOnlyBGPPasswords(t *testing.T) {
 	// The published passwords: readable (get, and list and watch by
 	// name), not writable, and holding the peer's password alone.
 	published := node.CoreV1().Secrets(splitLeaseNamespace)
-	pub, err := published.Get(ctx, external.BGPPasswordsSecretName, metav1.GetOptions{})
+	pub, err := published.Get(ctx, config.BGPPasswordsSecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("node agent getting the published BGP passwords: %v", err)
 	}
-	if _, err := published.List(ctx, named(external.BGPPasswordsSecretName)); err != nil {
+	if _, err := published.List(ctx, named(config.BGPPasswordsSecretName)); err != nil {
 		t.Errorf("node agent listing the published BGP passwords by name: %v", err)
 	}
-	if w, err := published.Watch(ctx, named(external.BGPPasswordsSecretName)); err != nil {
+	if w, err := published.Watch(ctx, named(config.BGPPasswordsSecretName)); err != nil {
 		t.Errorf("node agent watching the published BGP passwords by name: %v", err)
 	} else {
 		w.Stop()
 	}
 	var got map[string]map[string][]byte
-	if err := json.Unmarshal(pub.Data[external.BGPPasswordsKey], &got); err != nil {
+	if err := json.Unmarshal(pub.Data[config.BGPPasswordsKey], &got); err != nil {
 		t.Fatalf("published BGP passwords %q: %v", pub.Data, err)
 	}
 	if len(got) != 1 || len(got["bgp-auth"]) != 1 || string(got["bgp-auth"]["password"]) != "s3cret" {
 		t.Errorf("published BGP passwords: %q, want bgp-auth's password alone", got)
 	}
-	pub.Data = map[string][]byte{external.BGPPasswordsKey: []byte(`{"bgp-auth":{"password":"b3duZWQ="}}`)}
+	pub.Data = map[string][]byte{config.BGPPasswordsKey: []byte(`{"bgp-auth":{"password":"b3duZWQ="}}`)}
 	_, err = published.Update(ctx, pub, metav1.UpdateOptions{})
 	forbidden("updating the published BGP passwords", err)
 }

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -49,7 +51,7 @@ func newSplit(t *testing.T, cp *cluster.ControlPlane) *split {
 
 // config makes cfg the split's: node agents run only their part, the Leases
 // live where the RBAC allows them.
-func (s *split) config(cfg external.Config) external.Config {
+func (s *split) config(cfg config.Config) config.Config {
 	cfg.SeparateController = true
 	cfg.LeaseNamespace = splitLeaseNamespace
 	return cfg
@@ -68,13 +70,13 @@ func (s *split) nodeKubeconfig(node string) string {
 // runController runs `agent controller`'s hook in this process as the
 // controller's pod name on node, until the test ends (or the returned stop).
 // A 403 answer to any of its requests fails the test.
-func (s *split) runController(cfg external.Config, name, node string) (stop func()) {
+func (s *split) runController(cfg config.Config, name, node string) (stop func()) {
 	s.t.Helper()
 	return runUntilEnd(s.t, "controller "+name, s.newController(cfg, name, node))
 }
 
 // newController builds `agent controller`'s hook as runController runs it.
-func (s *split) newController(cfg external.Config, name, node string) *external.Hook {
+func (s *split) newController(cfg config.Config, name, node string) *external.Hook {
 	t := s.t
 	t.Helper()
 	id, err := s.cp.PodIdentity(context.Background(), cluster.AgentNamespace, cluster.ControllerServiceAccount, name, node)
@@ -140,7 +142,7 @@ func checkNodeLog(t *testing.T, node, log string) {
 // their per-node part, never campaign for it.
 func checkAllocatorHolder(t *testing.T, c kubernetes.Interface, controller string) {
 	t.Helper()
-	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("allocator Lease: %v", err)
 	}
@@ -156,7 +158,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // startNodeAgent runs node n's agent (hookMain, as startAgent does) inside
 // its namespace with the identity of its pod; at cleanup it is killed and
 // its log searched for refused requests (checkNodeLog).
-func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cmd {
+func (s *split) startNodeAgent(tp *topo, n string, cfg config.Config) *exec.Cmd {
 	t := s.t
 	t.Helper()
 	b, err := json.Marshal(cfg)
@@ -172,7 +174,7 @@ func (s *split) startNodeAgent(tp *topo, n string, cfg external.Config) *exec.Cm
 
 // runAll starts a split install on cfg: the controller, and the agents
 // of node1 and node2.
-func (s *split) runAll(tp *topo, cfg external.Config) {
+func (s *split) runAll(tp *topo, cfg config.Config) {
 	s.t.Helper()
 	s.runController(cfg, "onehop-controller-0", "")
 	for _, n := range []string{"node1", "node2"} {

@@ -16,8 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/claims"
+	"github.com/onehop/onehop/external/config"
 )
 
 // TestTenantExternalIPHolderSurvivesRestart: team-b's Service is the older
@@ -31,7 +32,7 @@ import (
 // team. Split install as deploy/ ships it, under its RBAC; each node agent
 // runs the real nft dataplane in its namespace.
 func TestTenantExternalIPHolderSurvivesRestart(t *testing.T) {
-	externalIPHolderAcrossRestart(t, external.Config{
+	externalIPHolderAcrossRestart(t, config.Config{
 		ExternalIPCIDRs: []string{"203.0.113.0/24"},
 		PodExternalIPs:  true,
 		BGP:             &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
@@ -42,10 +43,10 @@ func TestTenantExternalIPHolderSurvivesRestart(t *testing.T) {
 // alone in the hook's section, nothing to announce: the node agents still
 // follow the controller on who holds each address.
 func TestTenantExternalIPHolderWithoutProviders(t *testing.T) {
-	externalIPHolderAcrossRestart(t, external.Config{ExternalIPCIDRs: []string{"203.0.113.0/24"}})
+	externalIPHolderAcrossRestart(t, config.Config{ExternalIPCIDRs: []string{"203.0.113.0/24"}})
 }
 
-func externalIPHolderAcrossRestart(t *testing.T, base external.Config) {
+func externalIPHolderAcrossRestart(t *testing.T, base config.Config) {
 	lab := newBGPLab(t)
 	cp, c := lab.twoNodeCluster("router")
 	for _, ns := range []string{"team-a", "team-b", "team-c"} {
@@ -113,7 +114,7 @@ func externalIPHolderAcrossRestart(t *testing.T, base external.Config) {
 
 	// team-b, the older object, lists it too: refused.
 	setExternalIPs(t, c, "team-b", "b", x)
-	msg := tenantEvent(t, c, "team-b", "b", external.ReasonExternalIPConflict)
+	msg := tenantEvent(t, c, "team-b", "b", claims.ReasonExternalIPConflict)
 	if strings.Contains(msg, "team-a") {
 		t.Errorf("the refusal names team-a: %q", msg)
 	}
@@ -154,7 +155,7 @@ func waitGrant(t *testing.T, c kubernetes.Interface, ip, ns string) {
 	t.Helper()
 	var data string
 	if _, ok := waitFor(context.Background(), 30*time.Second, func() bool {
-		cm, err := c.CoreV1().ConfigMaps(splitLeaseNamespace).Get(context.Background(), external.GrantsConfigMapName, metav1.GetOptions{})
+		cm, err := c.CoreV1().ConfigMaps(splitLeaseNamespace).Get(context.Background(), claims.GrantsConfigMapName, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}

@@ -12,8 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onehop/onehop/dataplane"
-	"github.com/onehop/onehop/external"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/claims"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/nft"
 	"github.com/onehop/onehop/portal"
 )
@@ -41,8 +42,8 @@ func TestPodPoolOfOneNamespaceRefusesOtherPods(t *testing.T) {
 		workerIP   = "203.0.113.22" // payments' Pod on node1, created last
 	)
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{{Name: "payments-pods", Addresses: []string{"203.0.113.16/28"},
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{{Name: "payments-pods", Addresses: []string{"203.0.113.16/28"},
 			AllowPods: true, Namespaces: []string{"payments"}}},
 		PodExternalIPs: true,
 		BGP:            &bgp.Config{ASN: 64513, Peers: []bgp.Peer{{Address: "10.0.0.1", ASN: 64512, HoldTimeSeconds: 9}}},
@@ -89,7 +90,7 @@ func TestPodPoolOfOneNamespaceRefusesOtherPods(t *testing.T) {
 			t.Errorf("%s's dataplane holds the intruder's %s:\n%s", n, intruderIP, r)
 		}
 	}
-	cm, err := c.CoreV1().ConfigMaps(splitLeaseNamespace).Get(context.Background(), external.GrantsConfigMapName, metav1.GetOptions{})
+	cm, err := c.CoreV1().ConfigMaps(splitLeaseNamespace).Get(context.Background(), claims.GrantsConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestPodPoolOfOneNamespaceRefusesOtherPods(t *testing.T) {
 	if seen := stopSampling(); len(seen) != 1 || len(seen[0]) != 0 {
 		t.Errorf("the router's next hops for %s, the address a Pod of default asked of payments' pool, were %v; want none throughout", intruderIP, seen)
 	}
-	msg := waitTenantEvent(t, c, "default", "Pod", "intruder", external.ReasonExternalIPNotAllowed)
+	msg := waitTenantEvent(t, c, "default", "Pod", "intruder", claims.ReasonExternalIPNotAllowed)
 	t.Logf("default/intruder refused: %s", msg)
 	if !strings.Contains(msg, "payments-pods") || !strings.Contains(msg, "default") {
 		t.Errorf("the refusal %q should name the pool and the namespace it does not serve", msg)

@@ -14,8 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/config"
 )
 
 // TestTerminatingServiceKeepsItsAddress: team-a's Local-policy Service
@@ -40,8 +41,8 @@ func TestTerminatingServiceKeepsItsAddress(t *testing.T) {
 	}
 	const own = "203.0.113.11" // team-b's own address: the sign that everyone has seen what came before
 	sp := newSplit(t, cp)
-	cfg := sp.config(external.Config{
-		Pools: []external.PoolConfig{
+	cfg := sp.config(config.Config{
+		Pools: []config.PoolConfig{
 			{Name: "shared", Addresses: []string{vip}},
 			{Name: "team-b", Addresses: []string{own}, Namespaces: []string{"team-b"}},
 		},
@@ -86,7 +87,7 @@ func TestTerminatingServiceKeepsItsAddress(t *testing.T) {
 
 	createTenantService(t, c, tenantService("team-b", "taker", 80, func(s *corev1.Service) {
 		local(s)
-		s.Annotations = map[string]string{external.AnnotationLoadBalancerIPs: vip}
+		s.Annotations = map[string]string{alloc.AnnotationLoadBalancerIPs: vip}
 	}))
 	tenantEndpoints(t, c, "team-b", "taker", map[string]string{"node2": "10.244.2.2"})
 	msg := tenantEvent(t, c, "team-b", "taker", "IPConflict")

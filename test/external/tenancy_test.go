@@ -16,7 +16,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/alloc"
 	"github.com/onehop/onehop/external/bgp"
+	"github.com/onehop/onehop/external/claims"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -41,8 +44,8 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 		}
 	}
 	const own = "203.0.113.11" // team-b's own address, from a pool only team-b may use (team-a's VIP comes from a pool for all)
-	cfg := external.Config{
-		Pools: []external.PoolConfig{
+	cfg := config.Config{
+		Pools: []config.PoolConfig{
 			{Name: "shared", Addresses: []string{vip}},
 			{Name: "team-b", Addresses: []string{own}, Namespaces: []string{"team-b"}},
 		},
@@ -65,7 +68,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	web := tenantService("team-a", "web", 80, func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		s.Annotations = map[string]string{external.AnnotationAllowSharedIP: "shared"}
+		s.Annotations = map[string]string{alloc.AnnotationAllowSharedIP: "shared"}
 	})
 	createTenantService(t, c, web)
 	if ips := statusOf(t, c, "team-a", "web", some); !slices.Equal(ips, []string{vip}) {
@@ -99,7 +102,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	// spec.externalIPs, on a port team-a does not use, pod on node1.
 	createTenantService(t, c, tenantService("team-b", "thief", 8080, func(s *corev1.Service) { s.Spec.ExternalIPs = []string{vip} }))
 	tenantEndpoints(t, c, "team-b", "thief", map[string]string{"node1": "10.244.1.2"})
-	msg := tenantEvent(t, c, "team-b", "thief", external.ReasonExternalIPConflict)
+	msg := tenantEvent(t, c, "team-b", "thief", claims.ReasonExternalIPConflict)
 	if strings.Contains(msg, "web") || strings.Contains(msg, "team-a") {
 		t.Errorf("the refusal names team-a's Service: %q", msg)
 	}
@@ -107,7 +110,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	// A requested load-balancer IP.
 	createTenantService(t, c, tenantService("team-b", "mover", 9090, func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
-		s.Annotations = map[string]string{external.AnnotationLoadBalancerIPs: vip}
+		s.Annotations = map[string]string{alloc.AnnotationLoadBalancerIPs: vip}
 	}))
 	t.Logf("requested IP refused: %s", tenantEvent(t, c, "team-b", "mover", "IPConflict"))
 	// The same sharing key, the same policy and selector, another port.
@@ -115,7 +118,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		s.Spec.Selector = map[string]string{"app": "web"}
-		s.Annotations = map[string]string{external.AnnotationAllowSharedIP: "shared", external.AnnotationLoadBalancerIPs: vip}
+		s.Annotations = map[string]string{alloc.AnnotationAllowSharedIP: "shared", alloc.AnnotationLoadBalancerIPs: vip}
 	}))
 	msg = tenantEvent(t, c, "team-b", "joiner", "IPConflict")
 	if strings.Contains(msg, "web") || strings.Contains(msg, "team-a") {
@@ -123,7 +126,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	}
 	t.Logf("sharing key refused: %s", msg)
 	// A Pod.
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "squatter", Annotations: map[string]string{external.AnnotationExternalIP: vip}},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "squatter", Annotations: map[string]string{claims.AnnotationExternalIP: vip}},
 		Spec: corev1.PodSpec{NodeName: "node1", Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
 	created, err := c.CoreV1().Pods("team-b").Create(context.Background(), pod, metav1.CreateOptions{})
 	if err != nil {
@@ -133,7 +136,7 @@ func TestTenantCannotTakeAnotherTenantsIP(t *testing.T) {
 	if _, err := c.CoreV1().Pods("team-b").UpdateStatus(context.Background(), created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitTenantEvent(t, c, "team-b", "Pod", "squatter", external.ReasonExternalIPConflict)
+	waitTenantEvent(t, c, "team-b", "Pod", "squatter", claims.ReasonExternalIPConflict)
 
 	// team-b's own Service, last: once both nodes announce it, both agents
 	// have seen everything above.
@@ -254,7 +257,7 @@ func tenantEndpoints(t *testing.T, c kubernetes.Interface, ns, svc string, eps m
 // dataplane would hold after each change, as cmd/agent does after each sync.
 // As there, the model leaves out the spec.externalIPs h's registry gives to
 // someone else, and nothing is applied before the registry has answered.
-func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg external.Config, node string, watch *portal.ServiceWatch) error {
+func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg config.Config, node string, watch *portal.ServiceWatch) error {
 	pcfg := portal.Config{NodeName: node}
 	for _, s := range cfg.ExternalIPCIDRs {
 		p, err := netip.ParsePrefix(s)

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/external/webhook"
 )
 
@@ -39,8 +39,8 @@ func TestWebhookSplitController(t *testing.T) {
 	}
 	setEndpoints(t, c, "web", map[string]string{"n2": "10.244.2.2"})
 	rcv.waitNodes(t, "default/web", "n2")
-	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
-	if err != nil || l.Annotations[external.AnnotationWebhookTerm] == "" {
+	l, err := c.CoordinationV1().Leases(splitLeaseNamespace).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
+	if err != nil || l.Annotations[leases.AnnotationWebhookTerm] == "" {
 		t.Fatalf("leader Lease %v, %v: want a webhook term recorded on it", l, err)
 	}
 	rcv.mu.Lock()

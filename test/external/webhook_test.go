@@ -27,7 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/leases"
 	"github.com/onehop/onehop/external/webhook"
 )
 
@@ -187,11 +187,11 @@ func lease(t *testing.T, c kubernetes.Interface) (string, uint64) {
 // leaseIn is lease of the Lease in namespace ns.
 func leaseIn(t *testing.T, c kubernetes.Interface, ns string) (string, uint64) {
 	t.Helper()
-	l, err := c.CoordinationV1().Leases(ns).Get(context.Background(), external.AllocatorLeaseName, metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(ns).Get(context.Background(), leases.AllocatorLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	term, _ := strconv.ParseUint(l.Annotations[external.AnnotationWebhookTerm], 10, 64)
+	term, _ := strconv.ParseUint(l.Annotations[leases.AnnotationWebhookTerm], 10, 64)
 	holder := ""
 	if l.Spec.HolderIdentity != nil {
 		holder = *l.Spec.HolderIdentity
@@ -329,7 +329,7 @@ func stealLease(t *testing.T, c kubernetes.Interface, secs int32) {
 	t.Helper()
 	ctx := context.Background()
 	for range 20 {
-		l, err := c.CoordinationV1().Leases("default").Get(ctx, external.AllocatorLeaseName, metav1.GetOptions{})
+		l, err := c.CoordinationV1().Leases("default").Get(ctx, leases.AllocatorLeaseName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/portal"
 )
 
@@ -41,7 +42,7 @@ func clientFor(rc *rest.Config, c *counter) (kubernetes.Interface, error) {
 // and Run, with no provider that needs the kernel).
 // Unshared, they watch Services and EndpointSlices each on their own, as
 // before portal.ServiceWatch (the comparison of heap_test.go).
-func startAgent(ctx context.Context, rc *rest.Config, node string, cfg external.Config, shared bool) (*agent, error) {
+func startAgent(ctx context.Context, rc *rest.Config, node string, cfg config.Config, shared bool) (*agent, error) {
 	a := &agent{node: node, count: &counter{}, done: make(chan struct{})}
 	client, err := clientFor(rc, a.count)
 	if err != nil {
@@ -76,7 +77,7 @@ func startAgent(ctx context.Context, rc *rest.Config, node string, cfg external.
 
 // startController starts `agent controller`'s hook (external.NewController),
 // counted apart from the agents.
-func startController(ctx context.Context, rc *rest.Config, cfg external.Config) (*agent, error) {
+func startController(ctx context.Context, rc *rest.Config, cfg config.Config) (*agent, error) {
 	a := &agent{node: "controller", count: &counter{}, done: make(chan struct{})}
 	client, err := clientFor(rc, a.count)
 	if err != nil {

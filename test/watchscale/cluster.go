@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/claims"
 )
 
 // simNamespace holds the simulated workload.
@@ -46,16 +46,16 @@ func populate(ctx context.Context, c kubernetes.Interface, s shape) error {
 			return err
 		}
 	}
-	claims := 0
+	claimed := 0
 	for i := range s.nodes * s.podsPerNode {
 		node := i % s.nodes
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "pod-" + strconv.Itoa(i), Namespace: simNamespace, Labels: map[string]string{"app": "sim"}},
 			Spec:       corev1.PodSpec{NodeName: nodeName(node), Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/sim:1"}}},
 		}
-		if claims < s.claims {
-			p.Annotations = map[string]string{external.AnnotationExternalIP: fmt.Sprintf("203.0.113.%d", 10+claims)}
-			claims++
+		if claimed < s.claims {
+			p.Annotations = map[string]string{claims.AnnotationExternalIP: fmt.Sprintf("203.0.113.%d", 10+claimed)}
+			claimed++
 		}
 		p, err := c.CoreV1().Pods(simNamespace).Create(ctx, p, metav1.CreateOptions{})
 		if err != nil {

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/onehop/onehop/external"
+	"github.com/onehop/onehop/external/config"
 	"github.com/onehop/onehop/test/cluster"
 )
 
@@ -38,8 +38,8 @@ var modes = map[string]bool{"split": true, "all": false}
 
 // hookConfig is the cloud hook of the simulated agents: pod external IPs on,
 // no provider that needs the kernel.
-func hookConfig(split bool) external.Config {
-	return external.Config{PodExternalIPs: true, ExternalIPCIDRs: []string{podIPCIDR}, SeparateController: split, LeaseNamespace: "kube-system"}
+func hookConfig(split bool) config.Config {
+	return config.Config{PodExternalIPs: true, ExternalIPCIDRs: []string{podIPCIDR}, SeparateController: split, LeaseNamespace: "kube-system"}
 }
 
 // run starts a control plane, populates it with s, starts one agent per

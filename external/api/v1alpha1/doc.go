@@ -9,6 +9,9 @@
 // generated from these types by controller-gen (`make generate`); the
 // markers on the fields are their OpenAPI validation and CEL rules.
 //
+// It must not import package external or any of its other subpackages:
+// they read these types.
+//
 // +kubebuilder:object:generate=true
 // +groupName=onehop.io
 package v1alpha1
