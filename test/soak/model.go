@@ -9,7 +9,10 @@ import (
 )
 
 // The churn model: a fixed number of slots, each holding a Service or
-// none, and a seeded random stream of changes to them. The stream is a
+// none, and a seeded random stream of changes to them. Every Service
+// created gets a name never used before, as workloads that come and go
+// do: state the agent keeps per name and fails to drop then grows with
+// the run, instead of being reused by the next Service of the slot. The stream is a
 // pure function of the seed: the same seed makes the same changes in the
 // same order (what the API server and the agent make of them depends on
 // timing). Creates and deletes pull the number of Services towards half
@@ -83,16 +86,18 @@ type Change struct {
 type Model struct {
 	prefix string
 	slots  []*Spec
+	names  []string // of the slots' Services
+	made   int      // Services created
 	pods   int
 	tcp    []int32 // the pods' TCP ports
 	udp    []int32 // and UDP ports
 	r      *rand.Rand
 }
 
-// NewModel returns a model of n empty slots, named prefix-<i>, whose
-// endpoints are indexes into pods pods that serve the given ports.
+// NewModel returns a model of n empty slots, whose Services are named
+// prefix-<n> for the n-th one created, and whose endpoints are indexes into pods pods that serve the given ports.
 func NewModel(prefix string, n, pods int, tcpPorts, udpPorts []int, seed uint64) *Model {
-	m := &Model{prefix: prefix, slots: make([]*Spec, n), pods: pods, r: rand.New(rand.NewPCG(seed, 0x50a4))}
+	m := &Model{prefix: prefix, slots: make([]*Spec, n), names: make([]string, n), pods: pods, r: rand.New(rand.NewPCG(seed, 0x50a4))}
 	for _, p := range tcpPorts {
 		m.tcp = append(m.tcp, int32(p))
 	}
@@ -101,9 +106,6 @@ func NewModel(prefix string, n, pods int, tcpPorts, udpPorts []int, seed uint64)
 	}
 	return m
 }
-
-// Name is the Service name of slot i.
-func (m *Model) Name(i int) string { return fmt.Sprintf("%s-%03d", m.prefix, i) }
 
 // Present counts the slots that hold a Service.
 func (m *Model) Present() int {
@@ -149,7 +151,7 @@ func (m *Model) Next() Change {
 		s.Affinity = !s.Affinity
 	}
 	m.slots[i] = &s
-	return Change{Kind: kind, Slot: i, Name: m.Name(i), Spec: s.clone()}
+	return Change{Kind: kind, Slot: i, Name: m.names[i], Spec: s.clone()}
 }
 
 func (m *Model) updateKind() Kind {
@@ -181,11 +183,13 @@ func (m *Model) pick(full bool) int {
 func (m *Model) delete() Change {
 	i := m.pick(true)
 	m.slots[i] = nil
-	return Change{Kind: Delete, Slot: i, Name: m.Name(i)}
+	return Change{Kind: Delete, Slot: i, Name: m.names[i]}
 }
 
 func (m *Model) create() Change {
 	i := m.pick(false)
+	m.names[i] = fmt.Sprintf("%s-%d", m.prefix, m.made)
+	m.made++
 	s := Spec{
 		NodePort:  m.r.IntN(2) == 0,
 		DualStack: m.r.IntN(10) < 3,
@@ -204,7 +208,7 @@ func (m *Model) create() Change {
 		m.addEndpoint(&s)
 	}
 	m.slots[i] = &s
-	return Change{Kind: Create, Slot: i, Name: m.Name(i), Spec: s.clone()}
+	return Change{Kind: Create, Slot: i, Name: m.names[i], Spec: s.clone()}
 }
 
 // renumber gives port p a new number, unused by the Service's other ports

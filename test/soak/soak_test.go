@@ -19,6 +19,10 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The churn, then the end-state checks and two agents' restarts.
+	if d, ok := t.Deadline(); ok && time.Until(d) < k.Duration+3*time.Minute {
+		t.Fatalf("go test's -timeout leaves %v; %s=%v needs 3 minutes more than that", time.Until(d).Round(time.Second), EnvDuration, k.Duration)
+	}
 	run := &Run{Knobs: k, Load: [2]string{procstat.LoadAvg()}}
 	t.Logf("soak: %v at %.0f changes/s, a sample every %v, seed %d (%s=%d replays the changes)", k.Duration, k.Rate, k.Interval, k.Seed, EnvSeed, k.Seed)
 	c := netns.NewForTest(t, netns.Config{Nodes: 2, PodsPerNode: 4})
