@@ -29,14 +29,14 @@ type NamedTrend struct {
 	Trend
 }
 
-// The measures the leak rule watches, and their bounds.
+// The measures the leak rule watches, and their bounds (memory in MiB).
 var leakBounds = []struct {
 	name  string
 	get   func(Sample) float64
 	bound Bound
 }{
-	{"RSS", func(s Sample) float64 { return s.RSS }, Bound{Rel: 0.05, Abs: 1 << 20}},
-	{"Go heap in use", func(s Sample) float64 { return s.Heap }, Bound{Rel: 0.05, Abs: 1 << 20}},
+	{"RSS (MiB)", func(s Sample) float64 { return s.RSS / (1 << 20) }, Bound{Rel: 0.05, Abs: 1}},
+	{"Go heap in use (MiB)", func(s Sample) float64 { return s.Heap / (1 << 20) }, Bound{Rel: 0.05, Abs: 1}},
 	{"goroutines", func(s Sample) float64 { return s.Goroutines }, Bound{Rel: 0.05, Abs: 5}},
 	{"open fds", func(s Sample) float64 { return float64(s.FDs) }, Bound{Rel: 0.05, Abs: 5}},
 }

@@ -57,7 +57,7 @@ func (tr Trend) String() string {
 	if tr.N < MinFit {
 		return fmt.Sprintf("%d samples after warm-up, too few to fit", tr.N)
 	}
-	return fmt.Sprintf("growth %.4g over %v of %d samples (mean %.4g, noise sd %.3g), limit %.4g",
+	return fmt.Sprintf("growth %.3g over %v of %d samples (mean %.3g, noise sd %.3g), limit %.3g",
 		tr.Growth, (time.Duration(tr.Span) * time.Second).Round(time.Second), tr.N, tr.Mean, tr.ResidualSD, tr.Limit)
 }
 
