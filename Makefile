@@ -61,6 +61,24 @@ difftest:
 	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh node)" ONEHOP_DIFFTEST_CASES=$(CASES) ONEHOP_DIFFTEST_SEED=$(SEED) \
 		$(GO) test -tags $(GOTAGS) -count=1 -timeout 12h -v -run '^TestDifferential$$' ./test/difftest/
 
+# The agent under an hour of churn (root; test/soak): a seeded stream of
+# SOAK_RATE Service changes per second through a real kube-apiserver, a
+# request loop to stable Services that must never fail, and the agent's
+# memory, goroutines, descriptors and kernel state sampled every minute.
+# Fails on steady growth, or on a table or conntrack state that drifts from
+# what the Services need; appends its table, with the machine's load, to
+# docs/bench/soak.md. SOAK_SEED replays a stream (each run prints its own).
+SOAK_DURATION ?= 1h
+SOAK_RATE     ?= 100
+SOAK_SEED     ?=
+SOAK_TIMEOUT  ?= 3h
+.PHONY: soak
+soak:
+	@hack/ci-deps.sh
+	ONEHOP_CONTROLPLANE_BIN="$$(hack/controlplane.sh)" ONEHOP_SOAK_DURATION=$(SOAK_DURATION) ONEHOP_SOAK_RATE=$(SOAK_RATE) \
+		ONEHOP_SOAK_SEED=$(SOAK_SEED) ONEHOP_SOAK_REPORT=$(CURDIR)/docs/bench/soak.md \
+		$(GO) test -tags $(GOTAGS) -count=1 -timeout $(SOAK_TIMEOUT) -v -run '^TestSoak$$' ./test/soak/
+
 # Unit and real-kernel tests only (no control plane, no VM).
 unit:
 	$(GO) test -tags $(GOTAGS) -count=1 ./portal/... ./dataplane/... ./nft/... ./cmd/... ./external/...
