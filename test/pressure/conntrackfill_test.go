@@ -124,7 +124,8 @@ func (f *udpFlows) release(ctx context.Context) error {
 	cmd := nsutil.Command(ctx, f.netns, "conntrack", "-D", "-p", "udp", "--orig-port-dst", port)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr // the deleted entries go to stdout: discarded
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	if err != nil && !strings.Contains(stderr.String(), " 0 flow entries") { // none left is no error
 		return fmt.Errorf("conntrack -D: %v: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
