@@ -2,7 +2,6 @@ package pressure
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -62,10 +61,26 @@ func agentVia(t *testing.T, c *netns.Cluster, n *netns.Node, p *apiProxy) *agent
 		}
 		proc.Stop(3 * time.Second)
 	})
-	if err := a.waitHealthy(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
+	a.waitFirstSync(t)
 	return a
+}
+
+// proxied is a cluster whose node 1 agent reaches the API server through
+// a proxy, with a client pod on node 1 and the other pods as backends.
+type proxied struct {
+	c        *netns.Cluster
+	proxy    *apiProxy
+	agent    *agent
+	client   *netns.Pod
+	backends []*netns.Pod
+}
+
+func newProxied(t *testing.T) *proxied {
+	t.Helper()
+	c := newCluster(t, netns.Config{})
+	n := c.Nodes[0]
+	p := startAPIProxy(t, c, n)
+	return &proxied{c: c, proxy: p, agent: agentVia(t, c, n, p), client: n.Pods[0], backends: others(c, n.Pods[0])}
 }
 
 // clusterAgent is node n's agent as the cluster started it.
@@ -78,33 +93,6 @@ func (a *agent) httpClient() *http.Client {
 	}
 }
 
-func (a *agent) waitHealthy(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	url := fmt.Sprintf("http://%s:%d/healthz", a.node.IP, netns.HealthzPort)
-	var last string
-	for {
-		if err := a.alive(); err != nil {
-			return err
-		}
-		resp, err := a.httpClient().Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent on %s not healthy at %s: %s; log:\n%s", a.node.Name, url, last, a.proc.Tail(4000))
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // alive fails when the agent has exited.
 func (a *agent) alive() error {
 	if done, err := a.proc.Exited(); done {
@@ -113,13 +101,12 @@ func (a *agent) alive() error {
 	return nil
 }
 
-// metrics reads the agent's /metrics: each sample by its series, e.g.
+// scrape reads the agent's /metrics: each sample by its series, e.g.
 // `onehop_syncs_total{mode="full"}`.
-func (a *agent) metrics(t *testing.T) map[string]float64 {
-	t.Helper()
+func (a *agent) scrape() (map[string]float64, error) {
 	resp, err := a.httpClient().Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", netns.MetricsPort))
 	if err != nil {
-		t.Fatalf("metrics of %s: %v", a.node.Name, err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	out := map[string]float64{}
@@ -135,10 +122,37 @@ func (a *agent) metrics(t *testing.T) map[string]float64 {
 			out[l[:i]] = v
 		}
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
+	return out, sc.Err()
+}
+
+// metrics is scrape for t: an error fails it.
+func (a *agent) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	m, err := a.scrape()
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", a.node.Name, err)
 	}
-	return out
+	return m
+}
+
+// waitFirstSync waits until the agent has programmed its first full
+// ruleset, as its metrics count it.
+func (a *agent) waitFirstSync(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(netns.ConvergeTimeout)
+	for {
+		if err := a.alive(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := a.scrape()
+		if err == nil && fullSyncs(m) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's agent made no full sync within %v (metrics: %v); log:\n%s", a.node.Name, netns.ConvergeTimeout, err, a.proc.Tail(4000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // syncCounters are the agent's counts of its dataplane syncs.
@@ -164,6 +178,22 @@ func syncDelta(before, after map[string]float64) string {
 
 // fullSyncs is how many times the agent rewrote its whole ruleset.
 func fullSyncs(m map[string]float64) float64 { return m[`onehop_syncs_total{mode="full"}`] }
+
+// onlyChangesSynced checks that the agent is still running and, since
+// its metrics read before, synced what changed after the event without
+// rewriting its whole ruleset.
+func (a *agent) onlyChangesSynced(t *testing.T, before map[string]float64, event string) {
+	t.Helper()
+	if err := a.alive(); err != nil {
+		t.Fatal(err)
+	}
+	after := a.metrics(t)
+	t.Logf("sync counters before %s -> after convergence:\n%s", event, syncDelta(before, after))
+	if fullSyncs(after) != fullSyncs(before) {
+		t.Errorf("the agent rewrote its whole ruleset %g time(s) after %s; want only the changes synced",
+			fullSyncs(after)-fullSyncs(before), event)
+	}
+}
 
 // cpuTime is the CPU time the agent has used so far (user and system,
 // from /proc/PID/stat).

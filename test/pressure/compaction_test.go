@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onehop/onehop/test/netns"
@@ -25,34 +25,32 @@ import (
 // deleted; a hundred more writes follow and etcd is compacted at the last
 // one. When the agent reconnects, every watch from before the compaction
 // is answered as kube-apiserver answers it once the version has left its
-// watch cache: an ERROR event with 410 Expired. The agent must list again
+// watch cache: an ERROR event with 410 Expired. (Here the proxy answers so:
+// the API server's own cache still holds that history, compaction or not,
+// and would serve the watch.) The agent must list again
 // without dropping what it serves (a pod's request loop to an untouched
 // Service sees no failure), serve the three changes, and take them as
 // changes, not rewrite its whole ruleset.
 func TestWatchHistoryCompacted(t *testing.T) {
-	c := newCluster(t, netns.Config{})
-	n := c.Nodes[0]
-	proxy := startAPIProxy(t, c, n)
-	a := agentVia(t, c, n, proxy)
+	x := newProxied(t)
+	c, proxy, client, backends := x.c, x.proxy, x.client, x.backends
 	ctx := ctxFor(t)
-	client := n.Pods[0]
-	backends := others(c, client)
 
-	steady := expose(t, c, "steady", corev1.ServiceTypeClusterIP, backends)
-	moved := expose(t, c, "moved", corev1.ServiceTypeClusterIP, backends[:1])
-	gone := expose(t, c, "gone", corev1.ServiceTypeClusterIP, backends)
+	steady := expose(t, c, "steady", v1.ServiceTypeClusterIP, backends)
+	moved := expose(t, c, "moved", v1.ServiceTypeClusterIP, backends[:1])
+	gone := expose(t, c, "gone", v1.ServiceTypeClusterIP, backends)
 	for _, s := range []struct {
-		svc  *corev1.Service
+		svc  *v1.Service
 		pods []*netns.Pod
 	}{{steady, backends}, {moved, backends[:1]}, {gone, backends}} {
 		waitServed(ctx, t, client.Netns, clusterIP(s.svc), s.pods, time.Now(), netns.ConvergeTimeout)
 	}
-	before := a.metrics(t)
+	before := x.agent.metrics(t)
 	loop := startLoop(client.Netns, clusterIP(steady), backends, 100*time.Millisecond)
 
 	broke := time.Now()
 	proxy.down()
-	added := expose(t, c, "added", corev1.ServiceTypeClusterIP, backends)
+	added := expose(t, c, "added", v1.ServiceTypeClusterIP, backends)
 	if err := c.SetEndpoints(ctx, moved, netns.Ready(backends[1:]...)); err != nil {
 		t.Fatal(err)
 	}
@@ -83,15 +81,7 @@ func TestWatchHistoryCompacted(t *testing.T) {
 	}
 	t.Logf("Service deleted while the watch was broken: unserved %v after", d.Round(time.Millisecond))
 	checkLoop(t, "requests to an untouched Service through the broken watch and the relist", loop)
-	if err := a.alive(); err != nil {
-		t.Fatal(err)
-	}
-	after := a.metrics(t)
-	t.Logf("sync counters before the break -> after convergence:\n%s", syncDelta(before, after))
-	if fullSyncs(after) != fullSyncs(before) {
-		t.Errorf("the agent rewrote its whole ruleset %g time(s) after relisting; want only the changes synced",
-			fullSyncs(after)-fullSyncs(before))
-	}
+	x.agent.onlyChangesSynced(t, before, "the break")
 
 	// What the agent asked once back: each expired watch, then a listing.
 	// The watches of Services and EndpointSlices had carried events, so
@@ -131,7 +121,7 @@ func hasPath(reqs []string, path string) bool {
 func churn(ctx context.Context, t *testing.T, c *netns.Cluster, n int) int64 {
 	t.Helper()
 	cms := c.Client.CoreV1().ConfigMaps(metav1.NamespaceDefault)
-	cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "churn"}}, metav1.CreateOptions{})
+	cm, err := cms.Create(ctx, &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "churn"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

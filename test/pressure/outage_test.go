@@ -32,17 +32,13 @@ const reflectorMaxBackoff = 60 * time.Second
 // minute (its back-off), not judged.
 func TestAPIServerRefusesForMinutes(t *testing.T) {
 	long := outage(t)
-	c := newCluster(t, netns.Config{})
-	n := c.Nodes[0]
-	proxy := startAPIProxy(t, c, n)
-	a := agentVia(t, c, n, proxy)
+	x := newProxied(t)
+	c, proxy, client, backends := x.c, x.proxy, x.client, x.backends
 	ctx := ctxFor(t)
-	client := n.Pods[0]
-	backends := others(c, client)
 
 	steady := expose(t, c, "steady", v1.ServiceTypeClusterIP, backends)
 	waitServed(ctx, t, client.Netns, clusterIP(steady), backends, time.Now(), netns.ConvergeTimeout)
-	before := a.metrics(t)
+	before := x.agent.metrics(t)
 	loop := startLoop(client.Netns, clusterIP(steady), backends, 100*time.Millisecond)
 
 	began := time.Now()
@@ -64,15 +60,7 @@ func TestAPIServerRefusesForMinutes(t *testing.T) {
 	d := waitServed(ctx, t, client.Netns, clusterIP(added), backends, ended, bound)
 	t.Logf("the Service created during the outage was served %v after it ended (bound %v)", d.Round(time.Millisecond), bound)
 	checkLoop(t, "requests to a Service through the outage", loop)
-	if err := a.alive(); err != nil {
-		t.Fatal(err)
-	}
-	after := a.metrics(t)
-	t.Logf("sync counters before the outage -> after convergence:\n%s", syncDelta(before, after))
-	if fullSyncs(after) != fullSyncs(before) {
-		t.Errorf("the agent rewrote its whole ruleset %g time(s) after the outage; want only the change synced",
-			fullSyncs(after)-fullSyncs(before))
-	}
+	x.agent.onlyChangesSynced(t, before, "the outage")
 
 	seen := proxy.requests(began, ended)
 	refused := 0
