@@ -6,6 +6,9 @@
 // from pods measure what traffic sees; the agent's /metrics, its log and
 // /proc measure what it did.
 //
+// The API server outage lasts two minutes; $ONEHOP_PRESSURE_OUTAGE (a Go
+// duration) shortens it while developing.
+//
 // A case that needs to shape what the agent hears from kube-apiserver puts
 // a reverse proxy, run by the test process inside the node's namespace,
 // between that node's agent and the API server (proxy_test.go).
