@@ -53,6 +53,9 @@ type Metrics struct {
 	providerFailures *prometheus.CounterVec
 	hook             *hookMetrics
 
+	conntrackEntries prometheus.Gauge
+	conntrackMax     prometheus.Gauge
+
 	proxyMode string // answered at /proxyMode; empty: not served
 }
 
@@ -185,7 +188,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.healthz.WithLabelValues(code)
 		m.livez.WithLabelValues(code)
 	}
+	m.conntrackEntries = newGauge("onehop_conntrack_entries",
+		"Entries in the conntrack table of the agent's network namespace (nf_conntrack_count).")
+	m.conntrackMax = newGauge("onehop_conntrack_max",
+		"The most entries the conntrack table may hold (nf_conntrack_max); beyond it the kernel drops new connections.")
 	reg.MustRegister(m.hook.collectors()...)
+	reg.MustRegister(m.conntrackEntries, m.conntrackMax)
 	reg.MustRegister(
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,

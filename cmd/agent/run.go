@@ -179,6 +179,8 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	conntrack := dataplane.NewConntrackCleaner(log, -1)
 	defer conntrack.Close()
 	runner.OnApplied(conntrack.OnApplied)
+	// A conntrack table near its limit is told, once, and in metrics.
+	go dataplane.WatchConntrackFill(ctx, log, metrics, "/proc/sys", dataplane.ConntrackFillPeriod)
 	// Health-check node ports of externalTrafficPolicy: Local Services.
 	hcOpts := []dataplane.ServiceHealthOption{}
 	if health != nil {

@@ -27,8 +27,8 @@ const maxFill = 1 << 20
 // (the case checks they do), an established one keeps working, and a
 // Service is created. The agent must keep running without spinning (its
 // CPU over the period, from /proc, stays under half a CPU) or flooding its
-// log (at most a line every 2 s); once the flows are gone both Services
-// are served again.
+// log (at most a line every 2 s), and it says once that the table is
+// nearly full; once the flows are gone both Services are served again.
 func TestConntrackTableFull(t *testing.T) {
 	c := newCluster(t, netns.Config{})
 	n := c.Nodes[0]
@@ -123,10 +123,20 @@ func TestConntrackTableFull(t *testing.T) {
 		}
 	}
 	t.Logf("agent log lines that tell the table is full: %d", mentions)
+	if mentions != 1 {
+		t.Errorf("the agent told the full conntrack table %d times, want once", mentions)
+	}
 
 	for _, s := range []*v1.Service{steady, during} {
 		d := waitServed(ctx, t, client.Netns, clusterIP(s), backends, released, netns.ConvergeTimeout)
 		t.Logf("%s served %v after the flows were deleted", s.Name, d.Round(time.Millisecond))
+	}
+	// The metrics server, on the node's loopback, needs a conntrack entry
+	// too: it is asked once the table has room again.
+	m := a.metrics(t)
+	t.Logf("agent metrics after: onehop_conntrack_entries %v, onehop_conntrack_max %v", m["onehop_conntrack_entries"], m["onehop_conntrack_max"])
+	if m["onehop_conntrack_max"] != float64(limit) || m["onehop_conntrack_entries"] <= 0 {
+		t.Errorf("onehop_conntrack_entries %v and onehop_conntrack_max %v, want some entries of %d", m["onehop_conntrack_entries"], m["onehop_conntrack_max"], limit)
 	}
 	if _, err := conn.Ask(ctx); err != nil {
 		t.Errorf("the established connection after the pressure: %v", err)
