@@ -133,37 +133,37 @@ func (k *kernelTable) dump() *dataplane.Dump {
 		}
 	}
 	for _, f := range families {
-		for _, set := range []string{setVIPs(f), setNoEndpoints(f)} {
-			for _, el := range k.elems[set] {
-				ip, proto, prt, ok := decodeVIPKey(f, el.Key)
-				if !ok {
-					continue
-				}
-				entry, pk, ok := elemPortal(el)
-				if !ok {
-					continue
-				}
-				p := port(pk)
-				p.Entries = append(p.Entries, dataplane.DumpEntry{Kind: entry, Addr: fmt.Sprintf("%s/%s", netip.AddrPortFrom(ip, prt), proto)})
-				if set == setNoEndpoints(f) {
-					p.Note = noEndpointsNote(el)
-				}
-			}
-		}
-		for _, set := range []string{setNodePorts(f), setNoEndpointsNP(f)} {
-			for _, el := range k.elems[set] {
-				proto, prt, ok := decodeProtoPortKey(el.Key)
-				if !ok {
-					continue
-				}
-				entry, pk, ok := elemPortal(el)
-				if !ok {
-					continue
-				}
-				p := port(pk)
-				p.Entries = append(p.Entries, dataplane.DumpEntry{Kind: entry, Addr: fmt.Sprintf(":%d/%s", prt, proto)})
-				if set == setNoEndpointsNP(f) {
-					p.Note = noEndpointsNote(el)
+		// The ways in by address (@vips, @noep) and by node port
+		// (@nodeports, @noep-nodeports); the second set of each pair
+		// holds the ways in without endpoints.
+		for _, way := range []struct {
+			sets [2]string
+			addr func(key []byte) (string, bool)
+		}{
+			{[2]string{setVIPs(f), setNoEndpoints(f)}, func(key []byte) (string, bool) {
+				ip, proto, prt, ok := decodeVIPKey(f, key)
+				return fmt.Sprintf("%s/%s", netip.AddrPortFrom(ip, prt), proto), ok
+			}},
+			{[2]string{setNodePorts(f), setNoEndpointsNP(f)}, func(key []byte) (string, bool) {
+				proto, prt, ok := decodeProtoPortKey(key)
+				return fmt.Sprintf(":%d/%s", prt, proto), ok
+			}},
+		} {
+			for i, set := range way.sets {
+				for _, el := range k.elems[set] {
+					addr, ok := way.addr(el.Key)
+					if !ok {
+						continue
+					}
+					entry, pk, ok := elemPortal(el)
+					if !ok {
+						continue
+					}
+					p := port(pk)
+					p.Entries = append(p.Entries, dataplane.DumpEntry{Kind: entry, Addr: addr})
+					if i == 1 {
+						p.Note = noEndpointsNote(el)
+					}
 				}
 			}
 		}

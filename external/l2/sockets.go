@@ -94,19 +94,29 @@ func (r *Responder) readFailed(s *sockets, err error) {
 	}
 }
 
+// readStops handles a read error of s's ARP or NDP socket: it reports
+// whether the socket is closed, and the serving loop ends; a timeout is
+// only the loop's chance to look at s again, and any other error is told.
+func (r *Responder) readStops(s *sockets, err error) bool {
+	if s.closed() || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	r.readFailed(s, err)
+	return false
+}
+
 func (r *Responder) serveARP(s *sockets) {
 	defer s.wg.Done()
 	for {
 		p, _, err := s.arp.Read()
 		if err != nil {
-			if s.closed() || errors.Is(err, net.ErrClosed) {
+			if r.readStops(s, err) {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			r.readFailed(s, err)
 			continue
 		}
 		r.heard(s, p.SenderIP, p.SenderHardwareAddr)
@@ -124,14 +134,9 @@ func (r *Responder) serveNDP(s *sockets) {
 	for {
 		m, _, src, err := s.ndp.ReadFrom()
 		if err != nil {
-			if s.closed() || errors.Is(err, net.ErrClosed) {
+			if r.readStops(s, err) {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			r.readFailed(s, err)
 			continue
 		}
 		if na, ok := m.(*ndp.NeighborAdvertisement); ok {
