@@ -114,19 +114,15 @@ func clearMarkBits(bits uint32) []expr.Any {
 }
 
 // matchCtState: ct state & bits != 0.
-func matchCtState(bits uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
-	}
-}
+func matchCtState(bits uint32) []expr.Any { return matchCtBits(expr.CtKeySTATE, bits) }
 
 // matchCtStatus: ct status & bits != 0.
-func matchCtStatus(bits uint32) []expr.Any {
+func matchCtStatus(bits uint32) []expr.Any { return matchCtBits(expr.CtKeySTATUS, bits) }
+
+// matchCtBits: ct <key> & bits != 0, for a 32-bit key (state, status).
+func matchCtBits(key expr.CtKey, bits uint32) []expr.Any {
 	return []expr.Any{
-		&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
+		&expr.Ct{Register: reg1, Key: key},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
