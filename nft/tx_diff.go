@@ -112,10 +112,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	}
 	var newByID map[string]elem
 	if len(o.elems) > 0 {
-		newByID = make(map[string]elem, len(n.elems))
-		for _, e := range n.elems {
-			newByID[e.id()] = e
-		}
+		newByID = elemsByID(n.elems)
 	}
 	for _, e := range o.elems {
 		if ne, ok := newByID[e.id()]; ok && ne.chain == e.chain {
@@ -129,10 +126,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	}
 	var oldByID map[string]elem
 	if len(o.elems) > 0 {
-		oldByID = make(map[string]elem, len(o.elems))
-		for _, e := range o.elems {
-			oldByID[e.id()] = e
-		}
+		oldByID = elemsByID(o.elems)
 	}
 	owner := &pk // one for all the elements this portal takes
 	for _, e := range n.elems {
@@ -238,4 +232,13 @@ func (t *tx) podExternalIPs(ips []portal.PodExternalIP) {
 		t.addElems[setPodSNAT(f)] = append(t.addElems[setPodSNAT(f)], nftables.SetElement{Key: addrBytes(p.Pod), Val: addrBytes(p.External)})
 	}
 	t.podIPs, t.podIPsSet = ips, true
+}
+
+// elemsByID indexes a portal's elements by their id.
+func elemsByID(elems []elem) map[string]elem {
+	m := make(map[string]elem, len(elems))
+	for _, e := range elems {
+		m[e.id()] = e
+	}
+	return m
 }
