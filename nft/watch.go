@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,29 +219,25 @@ func tableAndName(typ uint16, attrs []byte) (table, name string) {
 	return table, name
 }
 
+// eventWords say what each kind of event changed; <name> is the object's
+// name (a rule's chain, an element's set).
+var eventWords = map[uint16]string{
+	unix.NFT_MSG_NEWTABLE:   "table changed",
+	unix.NFT_MSG_DELTABLE:   "table deleted",
+	unix.NFT_MSG_NEWCHAIN:   "chain <name> added",
+	unix.NFT_MSG_DELCHAIN:   "chain <name> deleted",
+	unix.NFT_MSG_NEWRULE:    "rule added to chain <name>",
+	unix.NFT_MSG_DELRULE:    "rule deleted from chain <name>",
+	unix.NFT_MSG_NEWSET:     "set <name> added",
+	unix.NFT_MSG_DELSET:     "set <name> deleted",
+	unix.NFT_MSG_NEWSETELEM: "element added to <name>",
+	unix.NFT_MSG_DELSETELEM: "element deleted from <name>",
+}
+
 // describeEvent says what an event changed, in a few words.
 func describeEvent(typ uint16, name string) string {
-	switch typ {
-	case unix.NFT_MSG_NEWTABLE:
-		return "table changed"
-	case unix.NFT_MSG_DELTABLE:
-		return "table deleted"
-	case unix.NFT_MSG_NEWCHAIN:
-		return "chain " + name + " added"
-	case unix.NFT_MSG_DELCHAIN:
-		return "chain " + name + " deleted"
-	case unix.NFT_MSG_NEWRULE:
-		return "rule added to chain " + name
-	case unix.NFT_MSG_DELRULE:
-		return "rule deleted from chain " + name
-	case unix.NFT_MSG_NEWSET:
-		return "set " + name + " added"
-	case unix.NFT_MSG_DELSET:
-		return "set " + name + " deleted"
-	case unix.NFT_MSG_NEWSETELEM:
-		return "element added to " + name
-	case unix.NFT_MSG_DELSETELEM:
-		return "element deleted from " + name
+	if w, ok := eventWords[typ]; ok {
+		return strings.ReplaceAll(w, "<name>", name)
 	}
 	return fmt.Sprintf("nftables message %d for %q", typ, name)
 }
