@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/onehop/onehop/portal"
@@ -83,4 +84,39 @@ func (c Config) MasqueradeMark() uint32 {
 		b = 14
 	}
 	return 1 << b
+}
+
+// Watcher is a Dataplane that hears at once when someone else changes its
+// kernel state: the Runner repairs each change it reports with a full sync,
+// without waiting for the next Check, which sees only some changes (the
+// nft backend's misses a deleted map element).
+type Watcher interface {
+	// Watch reports the changes committed to the backend's kernel state
+	// by anyone but the backend itself, one KernelChange per burst, until
+	// ctx ends. The channel is closed when ctx ends or the watch fails for
+	// good; Check remains the fallback.
+	Watch(ctx context.Context) (<-chan KernelChange, error)
+}
+
+// KernelChange is a burst of changes someone else made to a backend's
+// kernel state.
+type KernelChange struct {
+	// Seen says what changed, as far as the kernel's events tell
+	// ("element deleted from endpoints4-01"); a few, not all.
+	Seen []string
+	// Lost: some events were lost (the socket's buffer overflowed), so
+	// anything may have changed.
+	Lost bool
+}
+
+// String describes the change in one line.
+func (c KernelChange) String() string {
+	s := strings.Join(c.Seen, "; ")
+	if c.Lost {
+		if s != "" {
+			s += "; "
+		}
+		s += "events lost"
+	}
+	return s
 }

@@ -48,6 +48,7 @@ type Metrics struct {
 	messages        prometheus.Counter
 	servicePanics   *prometheus.CounterVec
 	serviceProblems *prometheus.CounterVec
+	kernelRepairs   *prometheus.CounterVec
 
 	providerUp       *prometheus.GaugeVec
 	providerFailures *prometheus.CounterVec
@@ -164,6 +165,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Services, or parts of them, the dataplane could not program as asked while it synced every "+
 				"other Service (each also an event on the Service), by event reason.",
 			"reason"),
+		kernelRepairs: newCounterVec("onehop_kernel_repairs_total",
+			"Full syncs made because someone else changed the dataplane's kernel state (seen by its events or its periodic check), by backend.",
+			"backend"),
 		// Shaped as MetalLB's metallb_bgp_session_up (a 0/1 gauge) and
 		// metallb_k8s_client_update_errors_total (a counter of failures).
 		providerUp: newGaugeVec("onehop_provider_up",
@@ -198,6 +202,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.syncDuration, m.syncFullDuration, m.syncPartialDuration, m.lastSync, m.lastQueued,
 		m.programming, m.endpointChanges, m.serviceChanges, m.noLocalEndpoints, m.healthz, m.livez,
 		m.rules, m.elements, m.syncs, m.syncFailures, m.syncCPU, m.changedPortals, m.messages, m.servicePanics, m.serviceProblems,
+		m.kernelRepairs,
 		m.providerUp, m.providerFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -237,6 +242,15 @@ func (m *Metrics) ObserveSync(s SyncStats, err error) {
 	m.elements.Set(float64(s.Elements))
 	m.changedPortals.Add(float64(s.Changed))
 	m.messages.Add(float64(s.Messages))
+}
+
+// KernelRepaired counts one repair of backend's kernel state, changed by
+// someone else, in onehop_kernel_repairs_total.
+func (m *Metrics) KernelRepaired(backend string) {
+	if m == nil {
+		return
+	}
+	m.kernelRepairs.WithLabelValues(backend).Inc()
 }
 
 // The stages of onehop_service_panics_total.

@@ -68,6 +68,7 @@ type Runner struct {
 	onApplied []func(*portal.Snapshot)
 	onPanic   []func(ServicePanic)
 	onProblem []func(portal.Problem)
+	onRepair  []func(KernelChange)
 
 	// lastBusy is the end of the last sync that changed the kernel, in
 	// Unix nanoseconds (LastBusy).
@@ -134,6 +135,39 @@ func (r *Runner) OnServiceProblem(fn func(portal.Problem)) {
 	r.mu.Unlock()
 }
 
+// OnRepair registers fn to be called, on the sync goroutine, for each change
+// someone else made to the kernel state that the runner repairs (it logs
+// and counts it; fn typically records an event on the Node).
+func (r *Runner) OnRepair(fn func(KernelChange)) {
+	r.mu.Lock()
+	r.onRepair = append(r.onRepair, fn)
+	r.mu.Unlock()
+}
+
+// repair logs, counts and reports a change someone else made to the
+// kernel state; the caller then syncs in full.
+func (r *Runner) repair(ctx context.Context, c KernelChange) {
+	report(r, &r.onRepair, []KernelChange{c}, func(c KernelChange) {
+		r.log.WarnContext(ctx, "kernel state changed behind onehop's back; rewriting it", "backend", r.dp.Name(), "seen", c.String())
+		r.metrics.KernelRepaired(r.dp.Name())
+	})
+}
+
+// watch starts the dataplane's Watch when it has one; a nil channel (never
+// ready) when it has none or it failed, and then Check alone notices.
+func (r *Runner) watch(ctx context.Context) <-chan KernelChange {
+	w, ok := r.dp.(Watcher)
+	if !ok {
+		return nil
+	}
+	ch, err := w.Watch(ctx)
+	if err != nil {
+		r.log.Warn("cannot watch the kernel for changes by others; checking periodically only", "backend", r.dp.Name(), "err", err)
+		return nil
+	}
+	return ch
+}
+
 // Run syncs until ctx ends. The first sync is full; later ones send only
 // changes, unless the previous failed, the kernel was changed behind our
 // back, or FullSyncPeriod has passed.
@@ -146,18 +180,28 @@ func (r *Runner) Run(ctx context.Context) {
 	defer check.Stop()
 	periodic := time.NewTimer(0) // first sync at once
 	defer periodic.Stop()
+	changes := r.watch(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.trigger:
 		case <-periodic.C:
+		case c, ok := <-changes:
+			if !ok {
+				changes = nil // Check goes on
+				continue
+			}
+			if !full { // else a full sync is due anyway
+				r.repair(ctx, c)
+			}
+			full = true
 		case <-check.C:
 			if full {
 				break // a full sync is due anyway
 			}
 			if err := r.dp.Check(ctx); err != nil {
-				r.log.Warn("kernel state changed behind onehop's back; rewriting it", "backend", r.dp.Name(), "err", err)
+				r.repair(ctx, KernelChange{Seen: []string{err.Error()}})
 				full = true
 				break
 			}

@@ -70,7 +70,7 @@ func New(cfg dataplane.Config, opts ...Option) *Backend {
 	for _, o := range opts {
 		o(b)
 	}
-	b.socks = sockets{netnsFD: b.netnsFD}
+	b.socks = sockets{netnsFD: b.netnsFD, own: &ownPorts{}}
 	b.cfgKeyText = b.formatCfgKey()
 	b.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 	b.sets = map[string]*nftables.Set{}

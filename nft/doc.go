@@ -173,6 +173,15 @@
 // (@hairpin4 holds each endpoint on this node . itself: a pod elsewhere is
 // translated on its own node).
 //
+// Changes by others: the backend listens to the kernel's nftables events
+// (watch.go). A transaction that touches the table and was committed from
+// a socket that is not one of the backend's own (a deleted endpoint
+// element, a flushed Service chain, `nft flush ruleset`) is reported to the
+// sync runner, a burst of them once, and the runner repairs the table in
+// place with a full sync. Lost events (the socket's buffer overflowed) are
+// reported the same way; Check, which compares the table's object count and
+// the fixed chains' rules every second, is the fallback.
+//
 // Dispatch is one hash lookup whatever the number of Services (two for a
 // way in with source ranges), and an
 // endpoint is picked by one numgen (or jhash) and one map lookup: the cost

@@ -19,6 +19,7 @@ import (
 // that nothing left in it from a failed exchange is read as an answer.
 type sockets struct {
 	netnsFD int
+	own     *ownPorts // the port ids of the transaction sockets, for Watch
 	gen     *netlink.Conn
 	tx      *netlink.Conn
 	query   *nftables.Conn
@@ -55,6 +56,12 @@ func (s *sockets) txConn() (*netlink.Conn, error) {
 			c.Close()
 			return nil, err
 		}
+		port, err := portID(c)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		s.own.add(port)
 		s.tx = c
 	}
 	return s.tx, nil

@@ -204,6 +204,14 @@ func runCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	// So is the owner of a Service the backend programmed only in part, or
 	// not as asked (a scheduler the kernel lacks, a refused virtual server).
 	runner.OnServiceProblem(func(p portal.Problem) { serviceEvent(p.Service, p.Reason, p.Message) })
+	// Someone else changed the dataplane's kernel state: the Node is told.
+	runner.OnRepair(func(c dataplane.KernelChange) {
+		ref := tracker.Node()
+		if ref == nil {
+			ref = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+		}
+		recorder.Eventf(ref, v1.EventTypeWarning, "KernelStateRepaired", "%s state changed by someone else (%s); rewritten", dp.Name(), c)
+	})
 	if health != nil {
 		runner.OnApplied(func(*portal.Snapshot) {
 			n := tracker.Node()
