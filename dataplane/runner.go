@@ -192,7 +192,15 @@ func (r *Runner) Run(ctx context.Context) {
 				changes = nil // Check goes on
 				continue
 			}
-			if !full { // else a full sync is due anyway
+			switch {
+			case full: // a full sync is due anyway
+			case len(c.Seen) == 0:
+				// Only lost events: most often those of the
+				// backend's own large sync, which overflowed the
+				// socket. A full sync compares the whole table; it
+				// is no repair until something was seen.
+				r.log.InfoContext(ctx, "kernel events lost; comparing the whole table", "backend", r.dp.Name())
+			default:
 				r.repair(ctx, c)
 			}
 			full = true

@@ -178,9 +178,12 @@
 // a socket that is not one of the backend's own (a deleted endpoint
 // element, a flushed Service chain, `nft flush ruleset`) is reported to the
 // sync runner, a burst of them once, and the runner repairs the table in
-// place with a full sync. Lost events (the socket's buffer overflowed) are
-// reported the same way; Check, which compares the table's object count and
-// the fixed chains' rules every second, is the fallback.
+// place with a full sync. Lost events (the socket's buffer overflowed,
+// most often with the backend's own large sync) are reported too: the
+// runner then compares the whole table with a full sync, which counts as a
+// repair only when the events named a change. Check, which compares the
+// table's object count and the fixed chains' rules every second, is the
+// fallback.
 //
 // Dispatch is one hash lookup whatever the number of Services (two for a
 // way in with source ranges), and an
