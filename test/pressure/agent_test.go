@@ -1,14 +1,13 @@
 package pressure
 
 import (
-	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/onehop/onehop/test/netns"
 	"github.com/onehop/onehop/test/nsutil"
+	"github.com/onehop/onehop/test/procstat"
 )
 
 // agent is one agent process under test.
@@ -104,25 +104,7 @@ func (a *agent) alive() error {
 // scrape reads the agent's /metrics: each sample by its series, e.g.
 // `onehop_syncs_total{mode="full"}`.
 func (a *agent) scrape() (map[string]float64, error) {
-	resp, err := a.httpClient().Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", netns.MetricsPort))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l := sc.Text()
-		i := strings.LastIndexByte(l, ' ')
-		if l == "" || l[0] == '#' || i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
-			out[l[:i]] = v
-		}
-	}
-	return out, sc.Err()
+	return procstat.Scrape(context.Background(), a.httpClient(), fmt.Sprintf("http://127.0.0.1:%d/metrics", netns.MetricsPort))
 }
 
 // metrics is scrape for t: an error fails it.
@@ -199,27 +181,11 @@ func (a *agent) onlyChangesSynced(t *testing.T, before map[string]float64, event
 // from /proc/PID/stat).
 func (a *agent) cpuTime(t *testing.T) time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.proc.Pid()))
+	secs, err := procstat.CPUSeconds(a.proc.Pid())
 	if err != nil {
 		t.Fatalf("agent of %s: %v", a.node.Name, err)
 	}
-	// The fields after the command name (which may hold spaces) start
-	// with the state, field 3: utime and stime are fields 14 and 15.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		t.Fatalf("short /proc/%d/stat: %q", a.proc.Pid(), s)
-	}
-	var ticks int64
-	for _, v := range f[11:13] {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			t.Fatalf("/proc/%d/stat: %v", a.proc.Pid(), err)
-		}
-		ticks += n
-	}
-	const userHZ = 100 // the unit of /proc's times on Linux
-	return time.Duration(ticks) * time.Second / userHZ
+	return time.Duration(secs * float64(time.Second))
 }
 
 // logSize is the length of the agent's log so far, for logSince.
