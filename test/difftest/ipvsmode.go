@@ -37,6 +37,9 @@ type kubeProxyIPVS struct{ bin string }
 
 func (kubeProxyIPVS) prepare(context.Context, *Twin) error { return nil }
 
+// programmed: IPVS mode has no rule for unallocated cluster IPs.
+func (kubeProxyIPVS) programmed(context.Context, *Node) (bool, error) { return true, nil }
+
 func (k kubeProxyIPVS) argv(tw *Twin, n *Node) []string {
 	return append([]string{k.bin, "--proxy-mode", "ipvs", "--kubeconfig", tw.CP.Kubeconfig,
 		"--ipvs-scheduler", ipvsScheduler, "--ipvs-strict-arp", "--ipvs-min-sync-period", "0s",

@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/onehop/onehop/test/cluster"
 	"github.com/onehop/onehop/test/netns"
+	"github.com/onehop/onehop/test/nsutil"
 )
 
 // proxy is what a twin runs on every node in kube-proxy's place (or as
@@ -18,6 +20,10 @@ type proxy interface {
 	prepare(ctx context.Context, tw *Twin) error
 	// argv is the command line for node n.
 	argv(tw *Twin, n *Node) []string
+	// programmed reports whether node n's proxy has programmed what it
+	// learns apart from Services and EndpointSlices (which a barrier
+	// proves); the twin syncs again until it has.
+	programmed(ctx context.Context, n *Node) (bool, error)
 }
 
 // Both proxies get the same settings, dual-stack: pod CIDRs of both
@@ -39,6 +45,23 @@ var (
 type kubeProxy struct{ bin string }
 
 func (kubeProxy) prepare(context.Context, *Twin) error { return nil }
+
+// programmed: kube-proxy drops traffic to unallocated cluster IPs once its
+// rules name the ServiceCIDRs. It learns them from an informer whose
+// events start no sync (OnServiceCIDRsChanged only stores them), so a sync
+// done before the first event lacks the drop until another sync: a probe
+// to an unallocated cluster IP is then routed, and answered unreachable.
+func (kubeProxy) programmed(ctx context.Context, n *Node) (bool, error) {
+	out, err := nsutil.Exec(ctx, n.Netns, "nft", "list", "table", "ip", "kube-proxy")
+	if err != nil {
+		return false, err
+	}
+	out6, err := nsutil.Exec(ctx, n.Netns, "nft", "list", "table", "ip6", "kube-proxy")
+	if err != nil {
+		return false, err
+	}
+	return strings.Contains(out, serviceCIDR.String()) && strings.Contains(out6, serviceCIDR6.String()), nil
+}
 
 func (k kubeProxy) argv(tw *Twin, n *Node) []string {
 	// Its minimum sync period flag keeps the old name (it is every mode's).
@@ -82,6 +105,9 @@ func (a *onehopAgent) prepare(ctx context.Context, tw *Twin) error {
 	}
 	return nil
 }
+
+// programmed: the agent is given the service CIDRs on its command line.
+func (*onehopAgent) programmed(context.Context, *Node) (bool, error) { return true, nil }
 
 func (a *onehopAgent) argv(_ *Twin, n *Node) []string {
 	return append([]string{a.bin, "run",

@@ -114,6 +114,9 @@ func newTwin(ctx context.Context, name, id, dir, binDir string, p proxy, log *sl
 	if err := tw.sync(ctx); err != nil {
 		return tw, fmt.Errorf("%s never served its first barrier: %w", name, err)
 	}
+	if err := tw.awaitProgrammed(ctx, p); err != nil {
+		return tw, fmt.Errorf("%s: %w", name, err)
+	}
 	tw.log.Info("twin up", "took", time.Since(began).Round(time.Millisecond))
 	return tw, nil
 }
@@ -215,3 +218,29 @@ func (tw *Twin) node(n int) *Node { return tw.Nodes[n-1] }
 
 // pod returns the namespace of the plan's pod p.
 func (tw *Twin) pod(p podRef) *Pod { return tw.node(p.Node).Pods[p.Index-1] }
+
+// awaitProgrammed syncs the twin (a barrier each time) until every node's
+// proxy says it has programmed all it learns at start.
+func (tw *Twin) awaitProgrammed(ctx context.Context, p proxy) error {
+	deadline := time.Now().Add(barrierTimeout())
+	for {
+		all, last := true, error(nil)
+		for _, n := range tw.Nodes {
+			ok, err := p.programmed(ctx, n)
+			if err != nil || !ok {
+				all, last = false, err
+				break
+			}
+		}
+		if all {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the proxies did not program their start within %v (last error: %v)", barrierTimeout(), last)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := tw.sync(ctx); err != nil {
+			return err
+		}
+	}
+}
