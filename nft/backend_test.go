@@ -146,6 +146,7 @@ func TestIncrementalUpdateTouchesOnlyChangedService(t *testing.T) {
 	b := service("b", func(p *portal.Portal) {
 		p.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.2")}
 		p.ClusterEndpoints = eps(8080, 1, 2)
+		p.Balancing = portal.BalancingMaglev // a chain of its own, with a counter
 	})
 	tp.sync(t, snapshot(a, b), true)
 	ask(t, tp.pods[0], "tcp", "10.96.0.1:80", 5)
@@ -344,7 +345,7 @@ func TestRejectedTransactionIsAtomicAndRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
-	if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setVIPs(portal.IPv4)},
+	if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setFlatGate(portal.IPv4)},
 		[]nftables.SetElement{{Key: vipKey(netip.MustParseAddr("10.96.0.1"), portal.TCP, 80)}}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,9 +24,11 @@
 //	    ip daddr . meta l4proto . th dport @ext-marks4 meta mark set meta mark | <masq>
 //	    ip daddr . meta l4proto . th dport vmap @fw4
 //	    ip daddr . meta l4proto . th dport vmap @vips4
+//	    ip daddr . meta l4proto . th dport @flat-vips4 goto flat4
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport @np-marks4 meta mark set meta mark | <masq>
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @fw-nodeports4
 //	    ip daddr @nodeport-ips4 meta l4proto . th dport vmap @nodeports4
+//	    ip daddr @nodeport-ips4 meta l4proto . th dport @flat-nodeports4 goto flat-nodeports4
 //	    dnat ip to ip daddr map @pod-dnat4
 //
 // The first rule marks cluster-IP traffic from outside the cluster CIDRs for
@@ -37,11 +39,31 @@
 // each protocol . node port, on the addresses in @nodeport-ips4 (@fw4 and
 // @fw-nodeports4 check source ranges first, below):
 //
-//	10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http
+//	10.96.0.20 . tcp . 443 comment "cluster-ip svc4/demo/sticky/tcp/_" : goto svc4/demo/sticky/tcp/_
 //
 // @pod-dnat4 sends a pod's own external IP to the pod, every protocol and port.
 //
-// One chain per Service port and family picks an endpoint:
+// Flat ways in (flat.go): a way into a Service port that picks at random
+// among 1 to 16 endpoints, with no ClientIP affinity, Maglev, source
+// ranges, topology hints or internalTrafficPolicy: Local, and the cluster
+// IP of a Service whose external ways in are Local, is no chain of its
+// own: an element of @flat-vips4 (@flat-nodeports4 for a node port), and
+// one element per endpoint in the map of its endpoint count. A Service, an
+// endpoint or an address change is then element updates only, which the
+// kernel applies without validating the whole table, so its cost does not
+// grow with the number of Services:
+//
+//	chain flat<f>
+//	    dnat ip to ip daddr . meta l4proto . th dport . numgen random mod <count> map @flat<f>-<count>   (a rule per count, 01 to 16)
+//	chain flat-nodeports<f>
+//	    dnat ip to meta l4proto . th dport . numgen random mod <count> map @flat-nodeports<f>-<count>
+//
+//	@flat4-02: 10.96.0.10 . tcp . 80 . 1 comment "cluster-ip svc4/demo/web/tcp/http" : 10.244.3.2 . 8080
+//
+// dump-rules lists such a Service port with the note "flat": its ways in
+// have no packet counter.
+//
+// Every other Service port has one chain per family that picks an endpoint:
 //
 //	chain svc<f>/...
 //	    counter dnat ip to numgen random mod 1 offset <id> . numgen random mod 2 map @endpoints<f>-<shard>

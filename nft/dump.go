@@ -136,15 +136,16 @@ func (k *kernelTable) dump() *dataplane.Dump {
 		// The ways in by address (@vips, @noep) and by node port
 		// (@nodeports, @noep-nodeports); the second set of each pair
 		// holds the ways in without endpoints.
+		// A flat way in is in a gate set, its endpoints in the flat maps.
 		for _, way := range []struct {
-			sets [2]string
+			sets [3]string
 			addr func(key []byte) (string, bool)
 		}{
-			{[2]string{setVIPs(f), setNoEndpoints(f)}, func(key []byte) (string, bool) {
+			{[3]string{setVIPs(f), setNoEndpoints(f), setFlatGate(f)}, func(key []byte) (string, bool) {
 				ip, proto, prt, ok := decodeVIPKey(f, key)
 				return fmt.Sprintf("%s/%s", netip.AddrPortFrom(ip, prt), proto), ok
 			}},
-			{[2]string{setNodePorts(f), setNoEndpointsNP(f)}, func(key []byte) (string, bool) {
+			{[3]string{setNodePorts(f), setNoEndpointsNP(f), setFlatGateNP(f)}, func(key []byte) (string, bool) {
 				proto, prt, ok := decodeProtoPortKey(key)
 				return fmt.Sprintf(":%d/%s", prt, proto), ok
 			}},
@@ -168,6 +169,22 @@ func (k *kernelTable) dump() *dataplane.Dump {
 			}
 		}
 	}
+	for _, s := range k.sets {
+		if !isFlatMap(s.name) {
+			continue
+		}
+		for _, el := range k.elems[s.name] {
+			_, pk, ok := elemPortal(el)
+			if !ok {
+				continue
+			}
+			if ap, ok := decodeAddrPortVal(pk.Family, el.Val); ok {
+				p := port(pk)
+				p.Endpoints = appendEndpoint(p.Endpoints, ap.String())
+				p.Note = flatNote
+			}
+		}
+	}
 	for _, p := range ports {
 		d.Ports = append(d.Ports, *p)
 	}
@@ -175,6 +192,9 @@ func (k *kernelTable) dump() *dataplane.Dump {
 	d.Raw = k.render()
 	return d
 }
+
+// flatNote is the note of a Service port whose ways in are flat (flat.go).
+const flatNote = "flat: balanced by map elements, no packet counters"
 
 // noEndpointsNote says what happens to new connections to a way in listed
 // in a no-endpoints map.

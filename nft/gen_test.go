@@ -60,7 +60,7 @@ func TestFullSyncTrustsAnUntouchedKernel(t *testing.T) {
 		t.Errorf("after another table changed: read back %v, %d messages; want a read, 0 messages", st.ReadBack, st.Messages)
 	}
 	// Someone deletes an element of onehop's: read back and repaired.
-	tp.node.Run(t, "nft", "delete", "element", "inet", TableName, setVIPs(portal.IPv4), "{ 10.96.0.11 . tcp . 80 }")
+	tp.node.Run(t, "nft", "delete", "element", "inet", TableName, setFlatGate(portal.IPv4), "{ 10.96.0.11 . tcp . 80 }")
 	if st := tp.sync(t, snapshot(web, other), true); !st.ReadBack || st.Messages == 0 {
 		t.Errorf("after an element of onehop's was deleted: read back %v, %d messages; want a read and a repair", st.ReadBack, st.Messages)
 	}

@@ -16,11 +16,13 @@ import (
 	"github.com/onehop/onehop/test/nsutil"
 )
 
-// previousLayout turns the endpoint maps and the Service chains of svc
-// into what layout onehop6 wrote: maps keyed mark . mark, without user
-// data, holding the chain id in big-endian order . the index, and rules
-// that load the id as an immediate. Their keys are as long as this
-// layout's: only their type tells the two apart.
+// previousLayout turns the table holding svc, whose ways in are flat, into
+// what layout onehop6 wrote for it: no flat elements, a chain per Service
+// port that the vips map sends its cluster IPs to, endpoint maps keyed
+// mark . mark, without user data, holding the chain id in big-endian order
+// . the index, and a rule that loads the id as an immediate. Their keys are
+// as long as this layout's endpoint maps': only their type tells the two
+// apart.
 func previousLayout(t *testing.T, tp *topo, svc *portal.Service) {
 	t.Helper()
 	c, err := nftables.New(nftables.WithNetNSFd(tp.node.FD()))
@@ -29,15 +31,10 @@ func previousLayout(t *testing.T, tp *topo, svc *portal.Service) {
 	}
 	defer c.CloseLasting()
 	tb := tp.b.table
-	tags := map[string][]byte{}
-	for _, p := range svc.Portals {
-		ch := &nftables.Chain{Name: portalChain(kindService, p.Key), Table: tb}
-		rules, err := c.GetRules(tb, ch)
-		if err != nil || len(rules) != 1 {
-			t.Fatalf("rules of %s: %d, %v", ch.Name, len(rules), err)
+	for _, f := range families {
+		for _, s := range flatSets(tb, f) {
+			c.FlushSet(s)
 		}
-		tags[ch.Name] = bytes.Replace(rules[0].UserData, []byte(layoutVersion), []byte("onehop6"), 1)
-		c.FlushChain(ch)
 	}
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -72,12 +69,22 @@ func previousLayout(t *testing.T, tp *topo, svc *portal.Service) {
 		if err := c.SetAddElements(m, els); err != nil {
 			t.Fatal(err)
 		}
-		c.AddRule(&nftables.Rule{Table: tb, Chain: &nftables.Chain{Name: chain, Table: tb}, UserData: tags[chain],
+		ch := c.AddChain(&nftables.Chain{Name: chain, Table: tb})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: ch, UserData: []byte("onehop6 1 0000000000000000"),
 			Exprs: []expr.Any{counter(),
 				&expr.Immediate{Register: reg1, Data: oldID},
 				&expr.Numgen{Register: reg32After(4), Modulus: uint32(len(p.ClusterEndpoints)), Type: unix.NFT_NG_RANDOM},
 				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: m.Name},
 				dnatFrom(p.Key.Family, reg1)}})
+		vips := &nftables.Set{Table: tb, Name: setVIPs(p.Key.Family), IsMap: true, Concatenation: true,
+			KeyType:  nftables.MustConcatSetType(addrType(p.Key.Family), nftables.TypeInetProto, nftables.TypeInetService),
+			DataType: nftables.TypeVerdict}
+		for _, ip := range p.ClusterIPs {
+			if err := c.SetAddElements(vips, []nftables.SetElement{{Key: vipKey(ip, p.Key.Protocol, p.Port),
+				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if err := c.Flush(); err != nil {
 		t.Fatalf("writing the previous layout: %v", err)
@@ -85,12 +92,12 @@ func previousLayout(t *testing.T, tp *topo, svc *portal.Service) {
 }
 
 // TestUpgradeReplacesThePreviousLayout: an agent that finds the table of
-// the previous layout, whose endpoint maps have another key type of the
-// same length, replaces the table as a whole in one transaction. The
-// endpoint maps are then declared as nft prints them (no `[invalid type]`
-// in `nft list`), new connections reach every endpoint, and a connection
-// established through the previous table keeps its endpoint: conntrack
-// is not touched.
+// a previous layout, a chain per Service port and endpoint maps with
+// another key type of the same length, replaces the table as a whole in
+// one transaction. The Service's ways in are then flat, declared as nft
+// prints them (no `[invalid type]` in `nft list`), new connections reach
+// every endpoint, and a connection established through the previous table
+// keeps its endpoint: conntrack is not touched.
 func TestUpgradeReplacesThePreviousLayout(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t, 2)
@@ -123,14 +130,14 @@ func TestUpgradeReplacesThePreviousLayout(t *testing.T) {
 			t.Fatalf("set %s after the upgrade: %+v, want the types this version declares", want.Name, have)
 		}
 	}
-	if r := k.rules[chain]; len(r) != 1 || !strings.Contains(k.ruleText(r[0]), "numgen random mod 1 offset ") {
-		t.Errorf("chain %s after the upgrade: %v", chain, r)
+	if _, ok := k.rules[chain]; ok || flatElems(k, chain) != 2 {
+		t.Errorf("after the upgrade: chain %s is there (%v), %d flat elements name it; want no chain and 2 elements", chain, ok, flatElems(k, chain))
 	}
 	out, err := tp.node.Exec("nft", "list", "table", "inet", TableName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(out, "[invalid type]") || !strings.Contains(out, `comment "`+chain+`" : 10.244.`) {
+	if strings.Contains(out, "[invalid type]") || !strings.Contains(out, chain+`" : 10.244.`) {
 		t.Errorf("nft lists the upgraded table with an invalid type or endpoints without their chain:\n%s", out)
 	}
 	if seen, _ := ask(t, tp.client, "tcp", "10.96.0.10:80", 30); len(seen) != 2 {

@@ -85,7 +85,10 @@ func TestRulesetTextMatchesNft(t *testing.T) {
 	golden(t, "dump-policies.golden", table.String())
 	for _, want := range []string{
 		"ip daddr . meta l4proto . th dport vmap @vips4",
-		`10.96.0.10 . tcp . 80 comment "cluster-ip svc4/demo/web/tcp/http" : goto svc4/demo/web/tcp/http`,
+		`10.96.0.20 . tcp . 443 comment "cluster-ip svc4/demo/sticky/tcp/_" : goto svc4/demo/sticky/tcp/_`,
+		`10.96.0.10 . tcp . 80 . 1 comment "cluster-ip svc4/demo/web/tcp/http" : 10.244.3.2 . 8080`,
+		"ip daddr . meta l4proto . th dport @flat-vips4 goto flat4",
+		"dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @flat4-02",
 		"ct state new jump noep-check",
 		"numgen random mod 3 vmap {",
 		"update @aff4/demo/sticky/tcp/_@10.244.1.2:8080 {",
@@ -193,11 +196,13 @@ func normaliseNft(s string) []string {
 	return lines
 }
 
-// dropEmptyShards removes the empty endpoint maps from a normalised listing.
+// dropEmptyShards removes the empty endpoint and flat maps from a
+// normalised listing.
 func dropEmptyShards(lines []string) []string {
 	var out []string
 	for i := 0; i < len(lines); i++ {
-		if strings.HasPrefix(lines[i], "map endpoints") && i+2 < len(lines) && lines[i+2] == "}" {
+		name, _, _ := strings.Cut(strings.TrimPrefix(lines[i], "map "), " ")
+		if (strings.HasPrefix(lines[i], "map endpoints") || isFlatMap(name)) && i+2 < len(lines) && lines[i+2] == "}" {
 			i += 2
 			continue
 		}

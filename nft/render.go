@@ -98,16 +98,35 @@ func (o *objects) affinityObjects() map[[2]string]bool {
 const affinitySetPrefix = "aff"
 
 // elem is one element of a named set or map; chain is the goto (jump, with
-// jump set) target of a verdict map element ("" for plain sets).
+// jump set) target of a verdict map element ("" for plain sets), val the
+// encoded data of a data map's.
 type elem struct {
 	set     string
 	key     string // encoded key bytes
 	chain   string
 	jump    bool
+	val     string
 	comment string // "<entry kind> <portal chain>", read back by dump-rules
+	// owner, when set, is the id the element is owned under: the elements
+	// of one flat way in are owned together (flat.go).
+	owner string
 }
 
 func (e elem) id() string { return e.set + "\x00" + e.key }
+
+// ownerID is the id whose owner decides whether the element is the portal's.
+func (e elem) ownerID() string {
+	if e.owner != "" {
+		return e.owner
+	}
+	return e.id()
+}
+
+// sameValue: the element maps its key to what o maps it to, and names
+// the same way in and chain.
+func (e elem) sameValue(o elem) bool {
+	return e.chain == o.chain && e.jump == o.jump && e.val == o.val && e.comment == o.comment
+}
 
 // objects is everything one portal puts into the table.
 type objects struct {
@@ -230,6 +249,11 @@ func render(p *portal.Portal, cfg dataplane.Config) *objects {
 	// a hundred elements instead of 100k.
 	for _, a := range p.Hairpin {
 		o.shared = append(o.shared, elem{set: setHairpin(f), key: string(pairKey(a, a))})
+	}
+	if !p.InternalLocal {
+		// The svc chain of an internalTrafficPolicy: Local portal holds
+		// this node's endpoints only; its chain says so (dump-rules, trace).
+		flatten(o)
 	}
 	return o
 }

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"context"
+	"github.com/onehop/onehop/portal"
 	"maps"
 	"testing"
 
@@ -16,6 +17,9 @@ func TestRuleDumpPerChainReadsTheSame(t *testing.T) {
 	be := benchBackendT(t)
 	ctx := context.Background()
 	snap := bigSnapshot(300, 3)
+	for _, svc := range snap.Services {
+		svc.Portals[0].Balancing = portal.BalancingMaglev // a chain each
+	}
 	if _, err := be.Sync(ctx, snap, true); err != nil {
 		t.Fatal(err)
 	}

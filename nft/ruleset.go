@@ -43,6 +43,7 @@ func fixedSets(t *nftables.Table) []*nftables.Set {
 			&nftables.Set{Table: t, Name: setNodePortMarks(f), Concatenation: true, KeyType: ppType},
 			&nftables.Set{Table: t, Name: setHairpin(f), Concatenation: true, KeyType: nftables.MustConcatSetType(addrType(f), addrType(f))},
 		)
+		sets = append(sets, flatSets(t, f)...)
 		for i := uint32(0); i < endpointShards; i++ {
 			sets = append(sets, &nftables.Set{Table: t, Name: setEndpoints(f, i), IsMap: true, Concatenation: true,
 				KeyType:  endpointKeyType,
@@ -68,7 +69,7 @@ var baseChains = []chainSpec{
 	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, -10},
 }
 
-var regularChains = []string{chainServices, chainNoEndpoints, chainNoEndpointsNP, chainReject, chainDrop}
+var regularChains = append([]string{chainServices, chainNoEndpoints, chainNoEndpointsNP, chainReject, chainDrop}, flatChains...)
 
 // fixedRules returns the rules of the fixed chains, by chain name, in order.
 func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
@@ -92,18 +93,24 @@ func fixedRules(cfg dataplane.Config) map[string][][]expr.Any {
 			services = append(services, cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setClusterIPs(f), false)}, m))
 		}
 		vip := cat(fm, loadVIPKey(f))
+		vipGate, npGate, flat := flatRules(f)
+		for name, rules := range flat {
+			r[name] = rules
+		}
 		// Ways in behind source ranges jump to their Service's firewall
 		// chain, which drops a client outside them, before the dispatch.
 		services = append(services,
 			cat(vip, []expr.Any{lookup(setExtMarks(f), false)}, setMarkBits(mark)),
 			cat(vip, []expr.Any{vmap(setFirewall(f))}),
-			cat(vip, []expr.Any{vmap(setVIPs(f))}))
+			cat(vip, []expr.Any{vmap(setVIPs(f))}),
+			vipGate)
 		check = append(check, cat(vip, []expr.Any{vmap(setNoEndpoints(f))}))
 		np := cat(fm, []expr.Any{loadAddr(f, true, reg1), lookup(setNodePortIPs(f), false)}, loadProtoPort(unix.NFT_REG32_00))
 		services = append(services,
 			cat(np, []expr.Any{lookup(setNodePortMarks(f), false)}, setMarkBits(mark)),
 			cat(np, []expr.Any{vmap(setFirewallNP(f))}),
 			cat(np, []expr.Any{vmap(setNodePorts(f))}),
+			npGate,
 			// A pod's own external IP: every protocol and port, 1:1.
 			cat(fm, []expr.Any{loadAddr(f, true, reg1),
 				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: setPodDNAT(f)},

@@ -28,7 +28,7 @@ import (
 
 // layoutVersion changes whenever the rules rendered from the same input
 // change, so that a new version rewrites the chains of an older one.
-const layoutVersion = "onehop7"
+const layoutVersion = "onehop8"
 
 // ruleTag is the user data of a chain's rules: the layout, the chain's id
 // and a hash (FNV-1a, 64 bits) of what its rules are made from.

@@ -36,13 +36,17 @@ func (k *kernelTable) render() string { return k.text(textOptions{skipEmptyShard
 // text prints the table in nft syntax.
 func (k *kernelTable) text(o textOptions) string {
 	var blocks []string
-	skipped := 0
+	skipped, skippedFlat := 0, 0
 	for _, s := range k.sets {
 		if s.anonymous() {
 			continue // printed inline by the rules that use them
 		}
 		if o.skipEmptyShards && strings.HasPrefix(s.name, "endpoints") && len(k.elems[s.name]) == 0 {
 			skipped++
+			continue
+		}
+		if o.skipEmptyShards && isFlatMap(s.name) && len(k.elems[s.name]) == 0 {
+			skippedFlat++
 			continue
 		}
 		blocks = append(blocks, k.setText(s))
@@ -54,6 +58,9 @@ func (k *kernelTable) text(o textOptions) string {
 	fmt.Fprintf(&b, "table inet %s {\n", TableName)
 	if skipped > 0 {
 		fmt.Fprintf(&b, "\t# %d empty endpoint maps (endpoints<family>-<shard>) are not shown\n", skipped)
+	}
+	if skippedFlat > 0 {
+		fmt.Fprintf(&b, "\t# %d empty flat maps (flat<family>-<count>, flat-nodeports<family>-<count>) are not shown\n", skippedFlat)
 	}
 	b.WriteString(strings.Join(blocks, "\n"))
 	b.WriteString("}\n")

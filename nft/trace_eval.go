@@ -259,7 +259,7 @@ func (r *pathRun) noteRule(chain string, rule *nftables.Rule, res ruleResult, no
 func isDispatchSet(name string) bool {
 	for _, f := range families {
 		switch name {
-		case setVIPs(f), setNodePorts(f), setNoEndpoints(f), setNoEndpointsNP(f):
+		case setVIPs(f), setNodePorts(f), setNoEndpoints(f), setNoEndpointsNP(f), setFlatGate(f), setFlatGateNP(f):
 			return true
 		}
 	}

@@ -237,7 +237,13 @@ func entryMatch(h lookupHit) *dataplane.TraceMatch {
 		v = decodeVerdict(h.el.Val)
 	}
 	target := ""
-	if v != nil {
+	switch {
+	case isFlatGate(h.set):
+		target = "goto " + chainFlat(pk.Family) // a plain set: the gate rule's verdict
+		if strings.Contains(h.set, "nodeports") {
+			target = "goto " + chainFlatNP(pk.Family)
+		}
+	case v != nil:
 		target = verdictText(v)
 	}
 	return &dataplane.TraceMatch{Service: pk.String(), Kind: kind, Set: h.set,
@@ -281,7 +287,8 @@ func (e *evalEnv) entryOf(pkt tracePacket) *dataplane.TraceMatch {
 		set string
 		key []byte
 		ok  bool
-	}{{setVIPs(f), vip, true}, {setNoEndpoints(f), vip, true}, {setNodePorts(f), np, npIP}, {setNoEndpointsNP(f), np, npIP}} {
+	}{{setVIPs(f), vip, true}, {setNoEndpoints(f), vip, true}, {setFlatGate(f), vip, true},
+		{setNodePorts(f), np, npIP}, {setNoEndpointsNP(f), np, npIP}, {setFlatGateNP(f), np, npIP}} {
 		s := e.k.set(c.set)
 		if !c.ok || s == nil {
 			continue

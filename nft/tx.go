@@ -83,7 +83,7 @@ func (t *tx) claimWaiting() {
 		}
 		t.addElems[w.e.set] = append(t.addElems[w.e.set], t.element(w.e, true))
 		key := w.pk
-		t.owners[w.e.id()] = &key
+		t.owners[w.e.ownerID()] = &key
 	}
 }
 
@@ -151,7 +151,7 @@ func (t *tx) oldService(k portal.ServiceKey) *appliedService {
 // firewall element, the way in it guards: a way in another portal holds
 // is never checked against pk's source ranges.
 func (t *tx) otherOwner(pk portal.PortKey, e elem) (portal.PortKey, bool) {
-	if own, ok := t.owner(e.id()); ok && own != pk {
+	if own, ok := t.owner(e.ownerID()); ok && own != pk {
 		return own, true
 	}
 	if ids, ok := firewallGuard(e); ok {

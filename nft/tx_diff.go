@@ -114,15 +114,20 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	if len(o.elems) > 0 {
 		newByID = elemsByID(n.elems)
 	}
+	var released []string
 	for _, e := range o.elems {
-		if ne, ok := newByID[e.id()]; ok && ne.chain == e.chain {
+		if ne, ok := newByID[e.id()]; ok && ne.sameValue(e) {
 			continue
 		}
-		if own, ok := t.owner(e.id()); ok && own == pk {
+		if own, ok := t.owner(e.ownerID()); ok && own == pk {
 			t.delElems[e.set] = append(t.delElems[e.set], t.element(e, false))
-			t.owners[e.id()] = nil
+			released = append(released, e.ownerID())
 			changed = true
 		}
+	}
+	// After the loop: the elements of a flat way in share their owner.
+	for _, id := range released {
+		t.owners[id] = nil
 	}
 	var oldByID map[string]elem
 	if len(o.elems) > 0 {
@@ -130,9 +135,8 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	}
 	owner := &pk // one for all the elements this portal takes
 	for _, e := range n.elems {
-		id := e.id()
-		oe, had := oldByID[id]
-		if had && oe.chain == e.chain {
+		oe, had := oldByID[e.id()]
+		if had && oe.sameValue(e) {
 			continue
 		}
 		if _, ok := t.otherOwner(pk, e); ok {
@@ -142,7 +146,7 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			continue
 		}
 		t.addElems[e.set] = append(t.addElems[e.set], t.element(e, true))
-		t.owners[id] = owner
+		t.owners[e.ownerID()] = owner
 		changed = true
 	}
 	for _, e := range o.shared {
@@ -160,6 +164,9 @@ func (t *tx) element(e elem, add bool) nftables.SetElement {
 	el := nftables.SetElement{Key: []byte(e.key)}
 	if add {
 		el.Comment = e.comment
+		if e.val != "" {
+			el.Val = []byte(e.val)
+		}
 	}
 	if e.chain != "" && add {
 		kind := expr.VerdictGoto

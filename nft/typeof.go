@@ -37,6 +37,7 @@ const (
 	udataNumgenType    = 0
 	udataNumgenMod     = 1
 	udataNumgenOffset  = 2
+	udataMetaKey       = 0
 	udataPayloadDesc   = 0
 	udataPayloadType   = 1
 	udataDataInterval  = 6 // NFTNL_UDATA_SET_DATA_INTERVAL
@@ -49,6 +50,7 @@ const (
 const (
 	exprVerdict = 1
 	exprPayload = 7
+	exprMeta    = 9
 	exprConcat  = 13
 	exprNumgen  = 23
 )
@@ -100,6 +102,10 @@ func typeofNumgenRandom(mod uint32) typeofExpr {
 	return typeofExpr{exprNumgen, udata(nil).u32(udataNumgenType, unix.NFT_NG_RANDOM).u32(udataNumgenMod, mod).u32(udataNumgenOffset, 0)}
 }
 
+func typeofMeta(key uint32) typeofExpr {
+	return typeofExpr{exprMeta, udata(nil).u32(udataMetaKey, key)}
+}
+
 func typeofPayload(desc, field uint32) typeofExpr {
 	return typeofExpr{exprPayload, udata(nil).u32(udataPayloadDesc, desc).u32(udataPayloadType, field)}
 }
@@ -148,6 +154,8 @@ var (
 // map, and for every other set what github.com/google/nftables writes.
 func setUserData(s *nftables.Set) udata {
 	switch {
+	case isFlatKeyType(s):
+		return flatMapUdata(s)
 	case s.KeyType.Name == endpointKeyType.Name && s.IsMap && !isVerdictType(s.DataType):
 		return endpointMapUdata(nftables.ConcatSetTypeElements(s.DataType)[0])
 	case s.Anonymous && s.KeyType.Name == nftables.TypeInteger.Name && s.IsMap && isVerdictType(s.DataType):
@@ -260,6 +268,10 @@ func typeofText(etype uint32, data []byte) (string, []uint32) {
 			text += fmt.Sprintf(" offset %d", off)
 		}
 		return text, []uint32{dtHostInteger}
+	case exprMeta:
+		if v[udataMetaKey] == unix.NFT_META_L4PROTO {
+			return "meta l4proto", []uint32{dtInetProto}
+		}
 	case exprPayload:
 		if f, ok := payloadFields[[2]uint32{v[udataPayloadDesc], v[udataPayloadType]}]; ok {
 			return f.name, []uint32{f.dt}

@@ -127,7 +127,7 @@ func TestWatchRepairsADeletedEndpointElement(t *testing.T) {
 	var set *nftables.Set
 	var els []nftables.SetElement
 	for _, s := range sets {
-		if strings.HasPrefix(s.Name, "endpoints4-") {
+		if strings.HasPrefix(s.Name, "flat4-") {
 			if els, err = other.GetSetElements(s); err == nil && len(els) > 0 {
 				set = s
 				break
@@ -135,7 +135,7 @@ func TestWatchRepairsADeletedEndpointElement(t *testing.T) {
 		}
 	}
 	if set == nil {
-		t.Fatal("no endpoint map holds an element")
+		t.Fatal("no flat map holds an element")
 	}
 	if err := other.SetDeleteElements(set, []nftables.SetElement{{Key: els[0].Key}}); err != nil {
 		t.Fatal(err)
@@ -149,7 +149,9 @@ func TestWatchRepairsADeletedEndpointElement(t *testing.T) {
 	})
 }
 
-func TestWatchRepairsAFlushedServiceChain(t *testing.T) {
+// The flat chain picks the endpoint of every flat way in: flushed, no
+// flat Service answers until it is repaired.
+func TestWatchRepairsAFlushedFlatChain(t *testing.T) {
 	t.Parallel()
 	tp, w, other, tb := watchTopo(t)
 	chains, err := other.ListChainsOfTableFamily(nftables.TableFamilyINet)
@@ -158,12 +160,12 @@ func TestWatchRepairsAFlushedServiceChain(t *testing.T) {
 	}
 	var chain *nftables.Chain
 	for _, c := range chains {
-		if c.Table.Name == TableName && strings.HasPrefix(c.Name, "svc4/") && strings.Contains(c.Name, "/tcp/") {
+		if c.Table.Name == TableName && c.Name == chainFlat(portal.IPv4) {
 			chain = c
 		}
 	}
 	if chain == nil {
-		t.Fatal("no TCP Service chain")
+		t.Fatal("no flat chain")
 	}
 	rules, err := other.GetRules(tb, chain)
 	if err != nil || len(rules) == 0 {

@@ -66,8 +66,8 @@ func TestKernelRepairAtOnce(t *testing.T) {
 	}
 }
 
-// endpointElements finds, in `nft list table` output, the endpoint map
-// holding chain's elements and their keys ("2 . 0").
+// endpointElements finds, in `nft list table` output, the flat map holding
+// the endpoints of chain's cluster IP and their keys ("10.96.0.10 . tcp . 80 . 0").
 func endpointElements(table, chain string) (m string, keys []string) {
 	cur := ""
 	sc := bufio.NewScanner(strings.NewReader(table))
@@ -78,8 +78,8 @@ func endpointElements(table, chain string) (m string, keys []string) {
 			cur = strings.TrimSuffix(name, " {")
 			continue
 		}
-		key, _, ok := strings.Cut(l, ` comment "`+chain+`"`)
-		if !ok || !strings.HasPrefix(cur, "endpoints") {
+		key, _, ok := strings.Cut(l, ` comment "cluster-ip `+chain+`"`)
+		if !ok || !strings.HasPrefix(cur, "flat4-") {
 			continue
 		}
 		key = strings.TrimSpace(strings.TrimPrefix(key, "elements = {"))
