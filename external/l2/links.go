@@ -2,76 +2,86 @@ package l2
 
 import (
 	"bytes"
+	"log/slog"
 	"net"
 	"time"
 
 	"github.com/vishvananda/netlink"
 )
 
-// watch follows the interfaces until Close.
-func (r *Responder) watch() {
+// updates are the netlink link and address updates from the moment of
+// subscribe on.
+type updates struct {
+	// nil: not subscribed (the subscription failed or ended)
+	link chan netlink.LinkUpdate
+	addr chan netlink.AddrUpdate
+	stop chan struct{} // ends the subscriptions
+}
+
+// subscribe subscribes to netlink link and address updates; a
+// subscription that fails is logged and left nil.
+func subscribe(log *slog.Logger) *updates {
+	stop := make(chan struct{})
+	u := &updates{link: make(chan netlink.LinkUpdate, 64), addr: make(chan netlink.AddrUpdate, 64), stop: stop}
+	onErr := func(err error) {
+		select {
+		case <-stop: // unsubscribed
+		default:
+			log.Warn("l2: netlink updates lost; checking the interfaces every "+recheckEvery.String()+" until they resume", "err", err)
+		}
+	}
+	if err := netlink.LinkSubscribeWithOptions(u.link, stop, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
+		onErr(err)
+		u.link = nil
+	}
+	if err := netlink.AddrSubscribeWithOptions(u.addr, stop, netlink.AddrSubscribeOptions{ErrorCallback: onErr}); err != nil {
+		onErr(err)
+		u.addr = nil
+	}
+	return u
+}
+
+// close ends the subscriptions; their goroutines end once they have
+// handed over what they read, so that is drained.
+func (u *updates) close() {
+	close(u.stop)
+	go drain(u.link)
+	go drain(u.addr)
+}
+
+// watch follows the interfaces with u, subscribed before their sockets
+// were first opened, until Close.
+func (r *Responder) watch(u *updates) {
 	defer r.wg.Done()
-	var linkCh chan netlink.LinkUpdate
-	var addrCh chan netlink.AddrUpdate
-	var stop chan struct{} // ends the current subscriptions
-	subscribe := func() {
-		stop = make(chan struct{})
-		mine := stop
-		onErr := func(err error) {
-			select {
-			case <-mine: // unsubscribed
-			default:
-				r.log.Warn("l2: netlink updates lost; checking the interfaces every "+recheckEvery.String()+" until they resume", "err", err)
-			}
-		}
-		linkCh, addrCh = make(chan netlink.LinkUpdate, 64), make(chan netlink.AddrUpdate, 64)
-		if err := netlink.LinkSubscribeWithOptions(linkCh, stop, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
-			onErr(err)
-			linkCh = nil
-		}
-		if err := netlink.AddrSubscribeWithOptions(addrCh, stop, netlink.AddrSubscribeOptions{ErrorCallback: onErr}); err != nil {
-			onErr(err)
-			addrCh = nil
-		}
-	}
-	// unsubscribe ends the subscriptions; their goroutines end once they
-	// have handed over what they read, so that is drained.
-	unsubscribe := func() {
-		close(stop)
-		go drain(linkCh)
-		go drain(addrCh)
-		linkCh, addrCh = nil, nil
-	}
-	subscribe()
-	defer unsubscribe()
+	defer func() { u.close() }() // the last subscription
 	tick := time.NewTicker(recheckEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case <-r.done:
 			return
-		case u, ok := <-linkCh:
+		case lu, ok := <-u.link:
 			if !ok {
-				linkCh = nil
+				u.link = nil
 				continue
 			}
-			if r.follows(u.Attrs().Name, u.Attrs().Index) {
+			if r.follows(lu.Attrs().Name, lu.Attrs().Index) {
 				r.refresh()
 			}
-		case u, ok := <-addrCh:
+		case au, ok := <-u.addr:
 			if !ok {
-				addrCh = nil
+				u.addr = nil
 				continue
 			}
-			if r.follows("", u.LinkIndex) || r.incomplete() {
+			if r.follows("", au.LinkIndex) || r.incomplete() {
 				r.refresh()
 			}
 		case <-r.kick:
 			r.refresh()
 		case <-tick.C:
-			if linkCh == nil || addrCh == nil {
-				unsubscribe()
-				subscribe()
+			if u.link == nil || u.addr == nil {
+				u.close()
+				u = subscribe(r.log)
 			}
 			r.refresh()
 		}

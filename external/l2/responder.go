@@ -91,24 +91,38 @@ const conflictEvery = 500 * time.Millisecond
 // NewResponder opens raw sockets on the named interfaces and starts
 // answering (for nothing until Set).
 func NewResponder(ifnames []string, log *slog.Logger) (*Responder, error) {
+	return newResponder(ifnames, log, nil)
+}
+
+// newResponder is NewResponder; opened (nil: none) is called once the
+// sockets are open, before they are served.
+func newResponder(ifnames []string, log *slog.Logger, opened func()) (*Responder, error) {
 	if len(ifnames) == 0 {
 		return nil, errors.New("l2: no interface")
 	}
 	r := &Responder{log: log, owned: map[netip.Addr]bool{}, lastConflict: map[netip.Addr]time.Time{}, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	// Subscribed before the sockets open: an interface or address that
+	// comes meanwhile or right after is an update the watcher gets, not
+	// something the periodic check finds.
+	u := subscribe(log)
 	for _, name := range ifnames {
 		s, err := openSockets(name, log)
 		if err != nil {
+			u.close()
 			r.Close()
 			return nil, err
 		}
 		l := &link{name: name, groups: map[netip.Addr]int{}, s: s}
 		r.links = append(r.links, l)
 	}
+	if opened != nil {
+		opened()
+	}
 	for _, l := range r.links {
 		r.serve(l.s)
 	}
 	r.wg.Add(1)
-	go r.watch()
+	go r.watch(u)
 	return r, nil
 }
 

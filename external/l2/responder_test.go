@@ -36,9 +36,20 @@ func TestMain(m *testing.M) {
 // responderMain answers for ips on iface until stdin closes or says
 // "stop". Meanwhile "set ip,..." makes it answer for those, and
 // "probe ip,..." probes for them and prints "probed ip=mac ...". A
-// conflict is printed as "conflict ip mac" when it happens.
+// conflict is printed as "conflict ip mac" when it happens. With
+// OHL2_ADDR_AFTER_OPEN set, that address is added to iface as soon as the
+// responder's sockets are open.
 func responderMain(iface, ips string) int {
-	r, err := NewResponder([]string{iface}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var opened func()
+	if a := os.Getenv("OHL2_ADDR_AFTER_OPEN"); a != "" {
+		opened = func() {
+			if err := addAddr(iface, a); err != nil {
+				log.Error("adding an address once the sockets are open", "addr", a, "err", err)
+			}
+		}
+	}
+	r, err := newResponder([]string{iface}, log, opened)
 	if err != nil {
 		fmt.Println("err", err)
 		return 2
@@ -139,11 +150,11 @@ type responderProc struct {
 }
 
 // startResponder runs a responder answering for ips on eth0 of n until
-// the test ends.
-func startResponder(t *testing.T, n *nsutil.NS, ips string) *responderProc {
+// the test ends, with env added to its environment.
+func startResponder(t *testing.T, n *nsutil.NS, ips string, env ...string) *responderProc {
 	t.Helper()
 	cmd := n.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "OHL2_RESPOND=eth0", "OHL2_IPS="+ips)
+	cmd.Env = append(append(os.Environ(), "OHL2_RESPOND=eth0", "OHL2_IPS="+ips), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	var stderr strings.Builder

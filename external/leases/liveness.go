@@ -79,9 +79,10 @@ type Liveness struct {
 	// back from a freeze (the L2 provider announces its IPs again).
 	resumed func()
 
-	// synced reports whether the Lease informer has listed every Lease;
-	// until then this node does not count itself alive, so that it never
-	// claims an IP another node owns just because it has not seen it yet.
+	// synced reports whether every Lease the informer listed has been
+	// observed (Watch); until then this node does not count itself alive,
+	// so that it never claims an IP another node owns just because it has
+	// not seen it yet.
 	synced func() bool
 
 	// linkAddrs, when set, are the link-layer addresses this node's L2
