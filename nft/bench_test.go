@@ -45,8 +45,10 @@ func makeBigService(i, eps, shift int) *portal.Service {
 	p := &portal.Portal{
 		Key:        portal.PortKey{Service: key, Port: "http", Protocol: portal.TCP, Family: portal.IPv4},
 		Port:       80,
-		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
-		NodePort:   uint16(20000 + i),
+		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
+	}
+	if i < 30000 { // node ports are 16 bits: the first 30k Services have one
+		p.NodePort = uint16(20000 + i)
 	}
 	for e := 0; e < eps; e++ {
 		n := i*eps + e + shift
@@ -120,6 +122,10 @@ func BenchmarkFullSync1k(b *testing.B)         { benchFullSync(b, 1000, fresh) }
 func BenchmarkFullSync10k(b *testing.B)        { benchFullSync(b, 10000, fresh) }
 func BenchmarkFullSyncRestart10k(b *testing.B) { benchFullSync(b, 10000, restart) }
 func BenchmarkFullSyncSteady10k(b *testing.B)  { benchFullSync(b, 10000, steady) }
+func BenchmarkFullSync100k(b *testing.B)       { benchFullSync(b, 100000, fresh) }
+func BenchmarkFullSyncRestart100k(b *testing.B) {
+	benchFullSync(b, 100000, restart)
+}
 
 // BenchmarkEndpointChange10k is one Service's endpoints changing while
 // 10k Services are programmed: the cost of an incremental sync.

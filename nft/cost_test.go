@@ -15,7 +15,7 @@ import (
 // process's user and system time (the kernel's netlink work is the
 // process's system time). A flat layout keeps each flat as n grows.
 func BenchmarkChangeCost(b *testing.B) {
-	for _, n := range []int{1000, 10000, 50000} {
+	for _, n := range []int{1000, 10000, 50000, 100000} {
 		be := benchBackend(b)
 		snap := bigSnapshot(n, 10)
 		if _, err := be.Sync(context.Background(), snap, true); err != nil {
