@@ -130,6 +130,9 @@ type Hook struct {
 	programmed map[providers.Served]providers.Programmed
 	// podProgrammed are the pod external IPs the dataplane maps.
 	podProgrammed map[netip.Addr]bool
+	// programmedSeen and podProgrammedSeen: the dataplane has told
+	// programmed and podProgrammed at least once.
+	programmedSeen, podProgrammedSeen bool
 	// leader, alloc and reported belong to the cluster-wide part's
 	// leadership term.
 	leader bool
@@ -399,7 +402,7 @@ func (h *Hook) Programmed(snap *portal.Snapshot) {
 		}
 	}
 	h.mu.Lock()
-	h.programmed = m
+	h.programmed, h.programmedSeen = m, true
 	h.mu.Unlock()
 	h.poke()
 }
@@ -414,7 +417,7 @@ func (h *Hook) ProgrammedPodIPs(ips []netip.Addr) {
 		m[ip] = true
 	}
 	h.mu.Lock()
-	h.podProgrammed = m
+	h.podProgrammed, h.podProgrammedSeen = m, true
 	h.mu.Unlock()
 	h.poke()
 }

@@ -18,9 +18,10 @@ import (
 )
 
 // Run runs until ctx ends; then it withdraws every announcement (providers'
-// Close) before returning. What it runs depends on the hook's role: the
-// per-node part (providers, the liveness Lease), the campaign for the
-// cluster-wide part, or both.
+// Close) before returning, but what a provider leaves to its routers for
+// the agent's restart (providers.Restartable: BGP graceful restart). What
+// it runs depends on the hook's role: the per-node part (providers, the
+// liveness Lease), the campaign for the cluster-wide part, or both.
 func (h *Hook) Run(ctx context.Context) error {
 	if h.idle() {
 		h.log.Info("external: nothing to do in this role", "role", h.role)
@@ -259,11 +260,18 @@ func (h *Hook) Run(ctx context.Context) error {
 			retry.Reset(time.Until(again))
 		}
 	}
-	// Withdraw first: routers must stop sending here before the dataplane goes.
+	// Withdraw first: routers must stop sending here before the dataplane
+	// goes. A provider that can leave its announcements to its routers
+	// while the agent restarts (BGP graceful restart) does so: the
+	// dataplane stays.
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, p := range h.providers {
-		if err := p.Close(cctx); err != nil {
+		closeFn := p.Close
+		if r, ok := p.(providers.Restartable); ok {
+			closeFn = r.CloseForRestart
+		}
+		if err := closeFn(cctx); err != nil {
 			h.log.Warn("provider close failed", "provider", p.Name(), "err", err)
 		}
 	}

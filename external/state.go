@@ -85,13 +85,14 @@ func (h *Hook) state() *providers.State {
 	h.mu.Lock()
 	leader := h.leader
 	prog, podIPs := h.programmed, h.podProgrammed
+	reported := h.programmedSeen && (h.pods == nil || h.podProgrammedSeen)
 	h.mu.Unlock()
 	if leader {
 		h.report(own.Refusals)
 	}
 	tgs, cluster := providers.Targets(in)
 	st := providers.State{Node: h.node, Leader: leader, Targets: tgs, NodeAddresses: map[string][]netip.Addr{}}
-	v := providers.View{Programmed: prog, PodIPs: podIPs, Cluster: cluster}
+	v := providers.View{Programmed: prog, PodIPs: podIPs, Reported: reported, Cluster: cluster}
 	for _, n := range in.Nodes {
 		st.NodeAddresses[n.Name] = h.nodeAddrs(n.Name)
 	}

@@ -41,7 +41,23 @@ type Peer struct {
 	// ended, and it stays down until the peer's settings change or the
 	// agent restarts.
 	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
+	// GracefulRestart advertises graceful restart (RFC 4724): when the
+	// agent restarts, or dies, the router keeps the node's routes as stale
+	// for GracefulRestartSeconds (default DefaultRestartSeconds, at most
+	// 4095) while the node's dataplane goes on serving them, and the agent
+	// back announces them again and ends with End-of-RIB. The router must
+	// help (BIRD and FRR do by default).
+	GracefulRestart        bool   `json:"gracefulRestart,omitempty"`
+	GracefulRestartSeconds uint16 `json:"gracefulRestartSeconds,omitempty"`
 }
+
+// DefaultRestartSeconds is the restart time a peer with graceful restart
+// advertises unless told otherwise: MetalLB's (FRR's) and BIRD's.
+const DefaultRestartSeconds = 120
+
+// maxRestartSeconds is the largest restart time the capability carries
+// (12 bits).
+const maxRestartSeconds = 1<<12 - 1
 
 // Validate reports the first configuration error.
 func (c *Config) Validate() error {
@@ -57,6 +73,9 @@ func (c *Config) Validate() error {
 		}
 		if p.ASN == 0 {
 			return fmt.Errorf("bgp: peer %s: asn is required", p.Address)
+		}
+		if p.GracefulRestartSeconds > maxRestartSeconds {
+			return fmt.Errorf("bgp: peer %s: gracefulRestartSeconds %d is over %d", p.Address, p.GracefulRestartSeconds, maxRestartSeconds)
 		}
 	}
 	for _, s := range []string{c.RouterID, c.NextHopIPv4, c.NextHopIPv6} {

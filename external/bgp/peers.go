@@ -14,7 +14,8 @@ import (
 // is added, a peer no longer listed is deleted, and a peer whose settings
 // changed (a password, its hold time) is deleted and added again, which
 // resets its session alone. The other sessions stay up, and a peer added
-// gets every route announced now. The ASN, router ID, listen port and next
+// gets every route announced now (one with graceful restart once the
+// speaker is Ready). The ASN, router ID, listen port and next
 // hops cannot change this way (a new speaker is needed). On an error the
 // speaker's peers are as far as the change went; stop it and start a new
 // one.
@@ -41,6 +42,10 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		if q, ok := want[a]; ok && q == p {
 			continue
 		}
+		if _, held := s.held[a]; held {
+			delete(s.held, a) // never given to GoBGP
+			continue
+		}
 		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: a.String()}); err != nil {
 			return fmt.Errorf("bgp: delete peer %s: %w", a, err)
 		}
@@ -48,6 +53,9 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 	}
 	for a, p := range want {
 		if q, ok := had[a]; ok && q == p {
+			continue
+		}
+		if s.holdLocked(p) {
 			continue
 		}
 		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(p)}); err != nil {

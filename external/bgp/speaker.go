@@ -23,10 +23,16 @@ type Speaker struct {
 	nextHops map[bool]netip.Addr // is IPv6 -> next hop
 	log      *slog.Logger
 	srv      *server.BgpServer
+	// gobgpLevel is the level of GoBGP's own log (StopForRestart).
+	gobgpLevel *slog.LevelVar
 
 	mu        sync.Mutex
 	announced map[netip.Prefix]announcedRoute
 	stopped   bool
+	// held are the peers with graceful restart not given to GoBGP yet:
+	// they wait for Ready, which sets ready.
+	held  map[netip.Addr]Peer
+	ready bool
 
 	// sessions reports the sessions' changes (OnSession); endWatch ends
 	// the watch of GoBGP's peer events that feeds it (Stop).
@@ -61,9 +67,9 @@ func NewSpeaker(cfg Config, nodeAddrs []netip.Addr, log *slog.Logger) (*Speaker,
 
 // Start starts the speaker and adds the peers.
 func (s *Speaker) Start(ctx context.Context) error {
-	lvl := &slog.LevelVar{}
-	lvl.Set(slog.LevelWarn)
-	s.srv = server.NewBgpServer(server.LoggerOption(s.log.With("component", "gobgp"), lvl))
+	s.gobgpLevel = &slog.LevelVar{}
+	s.gobgpLevel.Set(slog.LevelWarn)
+	s.srv = server.NewBgpServer(server.LoggerOption(s.log.With("component", "gobgp"), s.gobgpLevel))
 	go s.srv.Serve()
 	rid := s.cfg.RouterID
 	if rid == "" {
@@ -93,6 +99,9 @@ func (s *Speaker) Start(ctx context.Context) error {
 		s.log.Warn("bgp: cannot watch peer events; session changes are not reported", "err", err)
 	}
 	for _, p := range s.cfg.Peers {
+		if s.hold(p) {
+			continue
+		}
 		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peer(p)}); err != nil {
 			_ = s.srv.StopBgp(ctx, &api.StopBgpRequest{})
 			return fmt.Errorf("bgp: peer %s: %w", p.Address, err)
@@ -129,6 +138,7 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 		pc.Bfd = &api.BfdPeerConfig{Enabled: true, Port: 3784,
 			DesiredMinimumTxInterval: iv * 1000, RequiredMinimumReceive: iv * 1000, DetectionMultiplier: 3}
 	}
+	gracefulRestart(pc, p)
 	return pc
 }
 

@@ -313,6 +313,13 @@ func resolvePeer(o *v1alpha1.BGPPeer, secrets map[string]map[string][]byte) (Pee
 		r.peer.BFD = true
 		r.peer.BFDIntervalMillis = uint32(max(s.BFD.IntervalMillis, 0))
 	}
+	if g := s.GracefulRestart; g != nil {
+		if g.RestartTimeSeconds < 0 || g.RestartTimeSeconds > 4095 {
+			return r, errors.New("gracefulRestart.restartTimeSeconds is out of range")
+		}
+		r.peer.GracefulRestart = true
+		r.peer.GracefulRestartSeconds = uint16(g.RestartTimeSeconds)
+	}
 	if ref := s.PasswordSecret; ref != nil {
 		pw, err := keyValue(secrets, "Secret", *ref, "passwordSecret")
 		if err != nil {

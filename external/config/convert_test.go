@@ -138,13 +138,18 @@ func TestConvertPeers(t *testing.T) {
 	withPW.Spec.PasswordSecret = &v1alpha1.SecretKeyRef{Name: "bgp", Key: "password"}
 	withPW.Spec.HoldTimeSeconds = 9
 	withPW.Spec.BFD = &v1alpha1.BFD{}
+	withPW.Spec.GracefulRestart = &v1alpha1.GracefulRestart{}
 	noSecret := testPeer("nosecret", 2, 64513, "10.0.0.2")
 	noSecret.Spec.PasswordSecret = &v1alpha1.SecretKeyRef{Name: "missing", Key: "password"}
 	ibgp := testPeer("ibgp", 6, 64513, "10.0.0.6")
 	ibgp.Spec.PeerASN, ibgp.Spec.EBGPMultihop = 64513, 2
+	second := testPeer("second", 5, 64513, "2001:db8::1")
+	second.Spec.GracefulRestart = &v1alpha1.GracefulRestart{RestartTimeSeconds: 300}
+	longRestart := testPeer("longrestart", 7, 64513, "10.0.0.7")
+	longRestart.Spec.GracefulRestart = &v1alpha1.GracefulRestart{RestartTimeSeconds: 4096}
 	in := Objects{
 		Peers: []*v1alpha1.BGPPeer{withPW, noSecret, ibgp, testPeer("otherasn", 3, 64999, "10.0.0.3"),
-			testPeer("again", 4, 64513, "10.0.0.1"), testPeer("second", 5, 64513, "2001:db8::1")},
+			testPeer("again", 4, 64513, "10.0.0.1"), second, longRestart},
 		Secrets: map[string]map[string][]byte{"bgp": {"password": []byte("s3cret")}},
 	}
 	c, mem := Convert(Config{}, in, Memory{})
@@ -152,10 +157,11 @@ func TestConvertPeers(t *testing.T) {
 	wantInvalid(t, c, KindPeer, "otherasn", "myASN 64999 differs from BGPPeer tor's 64513")
 	wantInvalid(t, c, KindPeer, "again", "peer 10.0.0.1 is configured already")
 	wantInvalid(t, c, KindPeer, "ibgp", "ebgpMultihop is for eBGP")
+	wantInvalid(t, c, KindPeer, "longrestart", "restartTimeSeconds is out of range")
 	cfg := c.ForNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	want := &bgp.Config{ASN: 64513, Peers: []bgp.Peer{
-		{Address: "10.0.0.1", ASN: 64512, Password: "s3cret", HoldTimeSeconds: 9, BFD: true},
-		{Address: "2001:db8::1", ASN: 64512}}}
+		{Address: "10.0.0.1", ASN: 64512, Password: "s3cret", HoldTimeSeconds: 9, BFD: true, GracefulRestart: true},
+		{Address: "2001:db8::1", ASN: 64512, GracefulRestart: true, GracefulRestartSeconds: 300}}}
 	if !reflect.DeepEqual(cfg.BGP, want) || cfg.bgpErr != nil {
 		t.Errorf("bgp %+v (err %v), want %+v", cfg.BGP, cfg.bgpErr, want)
 	}

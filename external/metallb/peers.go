@@ -79,9 +79,6 @@ func (cv *converter) peer(o mlbObject) (*ConvertedObject, []ConvertedObject) {
 			spec.EBGPMultihop = 255
 		}
 	}
-	if p.EnableGracefulRestart {
-		cv.warn(o, "enableGracefulRestart: onehop does not negotiate graceful restart")
-	}
 	if p.VRFName != "" {
 		cv.warn(o, "vrf %q: onehop peers from the node's default VRF", p.VRFName)
 	}
@@ -90,6 +87,13 @@ func (cv *converter) peer(o mlbObject) (*ConvertedObject, []ConvertedObject) {
 	}
 	if p.BFDProfile != "" {
 		spec.BFD = cv.bfdOf(o, p.BFDProfile)
+	}
+	if p.EnableGracefulRestart {
+		// FRR's restart time under MetalLB, 120 s, is onehop's default.
+		spec.GracefulRestart = &v1alpha1.GracefulRestart{}
+		if spec.BFD != nil {
+			cv.warn(o, "enableGracefulRestart with bfdProfile: BFD goes down while the agent restarts, and a router that takes that for a failure drops the stale routes (BIRD: bfd graceful)")
+		}
 	}
 	var extra []ConvertedObject
 	switch {

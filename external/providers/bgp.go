@@ -2,6 +2,7 @@ package providers
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 
@@ -32,7 +33,7 @@ func (p *BGP) Prefixes() int { return p.prefixes }
 func (p *BGP) Name() string { return "bgp" }
 
 // Update announces the routes of the IPs this node serves.
-func (p *BGP) Update(_ context.Context, s *State) error {
+func (p *BGP) Update(ctx context.Context, s *State) error {
 	var routes []bgp.Route
 	prefixesOf := map[netip.Addr][]netip.Prefix{}
 	ips := s.IPs()
@@ -49,6 +50,9 @@ func (p *BGP) Update(_ context.Context, s *State) error {
 		}
 	}
 	err := p.sp.SetRoutes(routes)
+	if s.DataplaneReported() {
+		err = errors.Join(err, p.sp.Ready(ctx))
+	}
 	announced := p.sp.Announced()
 	p.prefixes = len(announced)
 	out := make(map[netip.Prefix]bool, len(announced))
@@ -66,6 +70,11 @@ func (p *BGP) Update(_ context.Context, s *State) error {
 
 // Close withdraws them all and stops the speaker.
 func (p *BGP) Close(ctx context.Context) error { return p.sp.Stop(ctx) }
+
+// CloseForRestart stops the speaker as the agent stops: the routes of the
+// peers with graceful restart are left to their routers for the restart
+// time (bgp.Speaker.StopForRestart); without any, it is Close.
+func (p *BGP) CloseForRestart(ctx context.Context) error { return p.sp.StopForRestart(ctx) }
 
 // aggregatable reports whether this node may announce prefix, an
 // aggregate: every address of ips inside it that some node should receive

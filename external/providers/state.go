@@ -16,11 +16,20 @@ import (
 // calls Update from one goroutine after every change of the cluster state or
 // of what this node's dataplane has programmed, within a second; Update must
 // not block for long. Close withdraws everything the provider announced
-// from this node; it is called once, when the agent stops.
+// from this node; it is called once, when the agent stops (CloseForRestart
+// instead for a Restartable provider) or its configuration changes.
 type Provider interface {
 	Name() string
 	Update(ctx context.Context, s *State) error
 	Close(ctx context.Context) error
+}
+
+// Restartable is a Provider that can stop for a restart of the agent
+// without withdrawing what it announced, its routers keeping it until the
+// agent is back while the dataplane, which stays, serves it. The hook
+// calls CloseForRestart instead of Close when the agent stops.
+type Restartable interface {
+	CloseForRestart(ctx context.Context) error
 }
 
 // State is what a Provider is told.
@@ -53,6 +62,9 @@ type View struct {
 	// Service; PodIPs the pod external IPs it maps.
 	Programmed map[Served]Programmed
 	PodIPs     map[netip.Addr]bool
+	// Reported: the dataplane has told both at least once, so that they
+	// are all it serves, not the nothing of an agent just started.
+	Reported bool
 	// Alive says whether a node's agent is alive (nil: every node is).
 	Alive func(node string) bool
 	// Ann applies the advertisements (nil: everything is announced).
@@ -163,6 +175,11 @@ func (s *State) Serves(ip netip.Addr) bool {
 	return found
 }
 
+// DataplaneReported reports whether this node's dataplane has told what
+// it serves at least once: Serves is then all the node serves, not the
+// nothing of an agent just started.
+func (s *State) DataplaneReported() bool { return s.view.Reported }
+
 // Alive reports whether node's agent is alive (L2 liveness Leases); true
 // for every node when liveness is not tracked.
 func (s *State) Alive(node string) bool {
@@ -178,7 +195,7 @@ func (s *State) Alive(node string) bool {
 // Cluster policy are written once, each node's liveness once, and the L2
 // advertisements as which of them pick each address and each node.
 func Fingerprint(s *State) string {
-	b := fmt.Appendf(nil, "%v|%v|", s.Leader, s.view.Cluster)
+	b := fmt.Appendf(nil, "%v|%v|%v|", s.Leader, s.view.Reported, s.view.Cluster)
 	for _, t := range s.Targets {
 		var nodes any = t.Nodes
 		if len(t.Nodes) > 0 && sameNodes(t.Nodes, s.view.Cluster) {

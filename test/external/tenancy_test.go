@@ -3,6 +3,7 @@ package external
 import (
 	"context"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -257,6 +258,8 @@ func tenantEndpoints(t *testing.T, c kubernetes.Interface, ns, svc string, eps m
 // dataplane would hold after each change, as cmd/agent does after each sync.
 // As there, the model leaves out the spec.externalIPs h's registry gives to
 // someone else, and nothing is applied before the registry has answered.
+// With OHX_FIRST_SYNC_AFTER set (a duration), the first sync waits that
+// long, as the first sync of an agent in a large cluster does.
 func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, cfg config.Config, node string, watch *portal.ServiceWatch) error {
 	pcfg := portal.Config{NodeName: node}
 	for _, s := range cfg.ExternalIPCIDRs {
@@ -279,6 +282,13 @@ func followModel(ctx context.Context, h *external.Hook, c kubernetes.Interface, 
 	}
 	apply := nodeDataplane()
 	go func() {
+		if d, err := time.ParseDuration(os.Getenv("OHX_FIRST_SYNC_AFTER")); err == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d):
+			}
+		}
 		for {
 			refused, answered := h.RefusedExternalIPs()
 			if answered {

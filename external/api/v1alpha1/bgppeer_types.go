@@ -82,6 +82,17 @@ type BGPPeerSpec struct {
 	// +optional
 	BFD *BFD `json:"bfd,omitempty"`
 
+	// GracefulRestart, when set, advertises BGP graceful restart (RFC
+	// 4724): while a node's agent restarts, or after it died, the router
+	// keeps the node's routes as stale, and forwards along them, for the
+	// restart time; the node's dataplane goes on serving, and the agent
+	// back announces the routes again. A stopping agent then closes the
+	// session without a NOTIFICATION and withdraws nothing. The router
+	// must help (BIRD and FRR do by default). A change resets the session.
+	//
+	// +optional
+	GracefulRestart *GracefulRestart `json:"gracefulRestart,omitempty"`
+
 	// NodeSelector picks the nodes that peer with this router; unset, every
 	// node does.
 	//
@@ -122,6 +133,18 @@ type BFD struct {
 	// +kubebuilder:validation:Maximum=60000
 	// +optional
 	IntervalMillis int32 `json:"intervalMillis,omitempty"`
+}
+
+// GracefulRestart tunes BGP graceful restart on a session.
+type GracefulRestart struct {
+	// RestartTimeSeconds (default 120) is the restart time advertised:
+	// how long the router keeps the node's routes while the session is
+	// down.
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4095
+	// +optional
+	RestartTimeSeconds int32 `json:"restartTimeSeconds,omitempty"`
 }
 
 // NodeValue is an address read from each node's own Node object: one of
