@@ -204,7 +204,7 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 // keys), affinity entries and counters. Only a table that cannot be read
 // as this version lays it out is replaced as a whole.
 func (b *Backend) prepareFull(t *tx, conn *nftables.Conn) error {
-	state, err := b.readState(conn, func(set string) int { return cap(t.addElems[set]) })
+	state, err := b.readState(conn, func(set string) int { return cap(t.addElems[set]) }, t.flatBound > flatReadBackMax)
 	switch {
 	case err != nil:
 		b.log.Warn("replacing the onehop table as a whole", "err", err)

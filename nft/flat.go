@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -46,6 +47,17 @@ import (
 // topology hints, a Local traffic policy's own chains, or more than maxFlat
 // endpoints keep a chain per Service port (doc.go).
 
+// flatReadBackMax bounds the flat elements a full sync reads back from the
+// kernel. The kernel's dump of a set restarts its walk from the first
+// element for every batch of about 300 elements it sends, so reading a map
+// costs the square of its size, and the flat maps are few and large (100k
+// elements in one at 10k Services x 10 endpoints: 2 s). Beyond the bound a
+// full sync that reads the table back (a restart, a repair) empties the
+// flat maps and writes them anew in its transaction, which costs their
+// size: the ways in answer throughout, since the transaction is atomic.
+// Below it, a restart over an untouched table sends nothing.
+const flatReadBackMax = 8192
+
 // maxFlat is the largest endpoint count the flat maps take: each count has
 // a rule that every new connection to a larger one tries first.
 const maxFlat = 16
@@ -55,10 +67,17 @@ func setFlatGateNP(f portal.Family) string { return "flat-nodeports" + fam(f) }
 func chainFlat(f portal.Family) string     { return "flat" + fam(f) }
 func chainFlatNP(f portal.Family) string   { return "flat-nodeports" + fam(f) }
 func setFlat(f portal.Family, n int) string {
-	return fmt.Sprintf("flat%s-%02d", fam(f), n)
+	return flatNames[familyIndex(f)][0][n]
 }
 func setFlatNP(f portal.Family, n int) string {
-	return fmt.Sprintf("flat-nodeports%s-%02d", fam(f), n)
+	return flatNames[familyIndex(f)][1][n]
+}
+
+func familyIndex(f portal.Family) int {
+	if f == portal.IPv6 {
+		return 1
+	}
+	return 0
 }
 
 // flatChains are the fixed chains of the flat layout.
@@ -92,56 +111,39 @@ func flatBody(b chainBody) bool {
 		len(b.endpoints) >= 1 && len(b.endpoints) <= maxFlat
 }
 
-// flatten turns o's ways in whose chain can be flat into gate and map
-// elements, and drops the chains nothing refers to any more. The elements
-// of one way in are owned together, under the id its dispatch element
-// would have (so that a way in two portals want is one conflict, flat or
-// not). A portal with source ranges keeps its chains: its firewall
-// elements guard the dispatch elements.
+// flatten turns o's ways in whose chain can be flat into gate elements
+// that carry their endpoints (the map elements are made from them when
+// they are sent: flatAdd), and drops the chains nothing refers to any
+// more. A gate element is owned under the id its dispatch element would
+// have, so that a way in two portals want is one conflict, flat or not;
+// its map elements follow it. A portal with source ranges keeps its
+// chains: its firewall elements guard the dispatch elements.
 func flatten(o *objects) {
 	if o.rangeSet != "" {
 		return
 	}
-	flatWay := func(e elem) (chainBody, bool, bool) {
+	flat := map[string]bool{}
+	for i, e := range o.elems {
 		body, ok := o.chains[e.chain]
 		if !ok || e.jump || !flatBody(body) {
-			return body, false, false
-		}
-		np := e.set == setNodePorts(body.family)
-		return body, np, np || e.set == setVIPs(body.family)
-	}
-	extra := 0
-	for _, e := range o.elems {
-		if body, _, ok := flatWay(e); ok {
-			extra += len(body.endpoints) + 1
-		}
-	}
-	if extra == 0 {
-		return
-	}
-	out := make([]elem, 0, len(o.elems)+extra)
-	flat := map[string]bool{}
-	for _, e := range o.elems {
-		body, np, ok := flatWay(e)
-		if !ok {
-			out = append(out, e)
 			continue
 		}
-		f, n := body.family, len(body.endpoints)
-		gate, m := setFlatGate(f), setFlat(f, n)
-		if np {
-			gate, m = setFlatGateNP(f), setFlatNP(f, n)
+		f := body.family
+		gate := setFlatGate(f)
+		switch e.set {
+		case setVIPs(f):
+		case setNodePorts(f):
+			gate = setFlatGateNP(f)
+		default:
+			continue
 		}
-		owner := e.id()
-		out = append(out, elem{set: gate, key: e.key, comment: e.comment, owner: owner})
-		for i, ep := range body.endpoints {
-			out = append(out, elem{set: m, key: e.key + string(numgenKey(uint32(i))), val: string(addrPortVal(ep)),
-				comment: e.comment, owner: owner})
-		}
+		o.elems[i] = elem{set: gate, key: e.key, comment: e.comment, eps: body.endpoints}
 		flat[e.chain] = true
 	}
-	o.elems = out
-	for _, e := range out {
+	if len(flat) == 0 {
+		return
+	}
+	for _, e := range o.elems {
 		delete(flat, e.chain) // still the target of a dispatch element
 	}
 	for _, b := range o.chains {
@@ -149,6 +151,74 @@ func flatten(o *objects) {
 	}
 	for name := range flat {
 		delete(o.chains, name)
+	}
+}
+
+// flatNames holds the names of the flat maps by family, kind (0: addresses,
+// 1: node ports) and endpoint count, made once: a full sync names one per
+// element it sends.
+var flatNames = func() (n [2][2][maxFlat + 1]string) {
+	for fi, f := range families {
+		for c := 1; c <= maxFlat; c++ {
+			n[fi][0][c] = fmt.Sprintf("flat%s-%02d", fam(f), c)
+			n[fi][1][c] = fmt.Sprintf("flat-nodeports%s-%02d", fam(f), c)
+		}
+	}
+	return n
+}()
+
+// flatMapOf is the map of a gate element's endpoints.
+func flatMapOf(e elem) string {
+	fi, kind := 0, 0
+	if strings.HasSuffix(e.set, "6") {
+		fi = 1
+	}
+	if strings.HasPrefix(e.set, "flat-nodeports") {
+		kind = 1
+	}
+	return flatNames[fi][kind][len(e.eps)]
+}
+
+// flatElem is the map element of a gate element's endpoint i.
+func flatElem(e elem, i int, add bool) nftables.SetElement {
+	el := nftables.SetElement{Key: append([]byte(e.key), numgenKey(uint32(i))...)}
+	if add {
+		el.Val, el.Comment = addrPortVal(e.eps[i]), e.comment
+	}
+	return el
+}
+
+// flatAdd sends the map elements of gate element e, and flatDel deletes them.
+func (t *tx) flatAdd(e elem) {
+	m := flatMapOf(e)
+	for i := range e.eps {
+		t.addElems[m] = append(t.addElems[m], flatElem(e, i, true))
+	}
+}
+
+func (t *tx) flatDel(e elem) {
+	m := flatMapOf(e)
+	for i := range e.eps {
+		t.delElems[m] = append(t.delElems[m], flatElem(e, i, false))
+	}
+}
+
+// flatUpdate replaces the map elements of a way in whose endpoints went
+// from old's to n's: one element per endpoint replaced while the count
+// stays (a pod replaced: one delete, one add), all of them when it moves
+// to another count's map.
+func (t *tx) flatUpdate(old, n elem) {
+	if len(old.eps) != len(n.eps) {
+		t.flatDel(old)
+		t.flatAdd(n)
+		return
+	}
+	m := flatMapOf(n)
+	for i := range n.eps {
+		if old.eps[i] != n.eps[i] {
+			t.delElems[m] = append(t.delElems[m], flatElem(old, i, false))
+			t.addElems[m] = append(t.addElems[m], flatElem(n, i, true))
+		}
 	}
 }
 
@@ -235,4 +305,13 @@ func flatRules(f portal.Family) (vipGate, npGate []expr.Any, chains map[string][
 			dnatFrom(f, reg1)}))
 	}
 	return vipGate, npGate, chains
+}
+
+// waysIn counts a portal's ways in: its addresses and its node port.
+func waysIn(p *portal.Portal) int {
+	n := len(p.ClusterIPs) + len(p.ExternalIPs) + len(p.LoadBalancerIPs)
+	if p.NodePort != 0 {
+		n++
+	}
+	return n
 }

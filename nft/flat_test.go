@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/onehop/onehop/portal"
 )
 
@@ -107,5 +109,62 @@ func TestFlatServiceTouchesNoRule(t *testing.T) {
 	}
 	if d, err := tp.b.Dump(context.Background()); err != nil || len(d.Ports) != 2 {
 		t.Errorf("dump after the deletion: %v, %v; want other's two ports", d, err)
+	}
+}
+
+// TestRestartRewritesLargeFlatMaps: over more flat elements than a full
+// sync reads back, a new process empties the flat maps and writes them
+// anew: a Service deleted while no agent ran leaves, a changed one is
+// updated, someone's stray element goes, and the table is the one a fresh
+// sync of the same Services writes.
+func TestRestartRewritesLargeFlatMaps(t *testing.T) {
+	ctx := context.Background()
+	n := flatReadBackMax/20 + 100 // x 10 endpoints x 2 ways in
+	old := benchBackendT(t)
+	snap := bigSnapshot(n, 10)
+	if _, err := old.Sync(ctx, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	gone, moved := bigService(5, 10, 0), makeBigService(7, 10, 1)
+	delete(snap.Services, gone)
+	snap.Services[moved.Key] = moved
+	stray, err := newConn(old.netnsFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nftables.Set{Table: old.table, Name: setFlat(portal.IPv4, 10)}
+	key := append(vipKey(netip.MustParseAddr("10.99.0.1"), portal.TCP, 80), numgenKey(0)...)
+	if err := stray.SetAddElements(m, []nftables.SetElement{{Key: key, Val: addrPortVal(netip.MustParseAddrPort("10.1.2.3:80"))}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stray.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	restarted := New(old.cfg, WithNetNS(old.netnsFD))
+	st, err := restarted.Sync(ctx, snap, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.ReadBack || st.Messages == 0 {
+		t.Errorf("restart: read back %v, %d messages; want a read and the flat maps written", st.ReadBack, st.Messages)
+	}
+	fresh := benchBackendT(t)
+	if _, err := fresh.Sync(ctx, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	have, err := readKernel(old.netnsFD, old.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := readKernel(fresh.netnsFD, fresh.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := lineDiff(want.render(), have.render()); d != "" {
+		t.Errorf("the restarted table differs from a fresh one:\n%s", d)
+	}
+	if flatElems(have, "svc4/bench/svc-5/tcp/http") != 0 || strings.Contains(have.render(), "10.99.0.1") {
+		t.Errorf("a deleted Service's or a stray element is still in the flat maps")
 	}
 }

@@ -98,34 +98,42 @@ func (o *objects) affinityObjects() map[[2]string]bool {
 const affinitySetPrefix = "aff"
 
 // elem is one element of a named set or map; chain is the goto (jump, with
-// jump set) target of a verdict map element ("" for plain sets), val the
-// encoded data of a data map's.
+// jump set) target of a verdict map element ("" for plain sets). A flat
+// way in's gate element carries its endpoints in eps: its map elements are
+// made from them (flat.go).
 type elem struct {
 	set     string
 	key     string // encoded key bytes
 	chain   string
 	jump    bool
-	val     string
 	comment string // "<entry kind> <portal chain>", read back by dump-rules
-	// owner, when set, is the id the element is owned under: the elements
-	// of one flat way in are owned together (flat.go).
-	owner string
+	eps     []netip.AddrPort
 }
 
 func (e elem) id() string { return e.set + "\x00" + e.key }
 
-// ownerID is the id whose owner decides whether the element is the portal's.
+// ownerID is the id whose owner decides whether the element is the
+// portal's: a gate element's is the id of the dispatch element it stands
+// for, so that a way in two portals want is one conflict, flat or not.
 func (e elem) ownerID() string {
-	if e.owner != "" {
-		return e.owner
+	if e.eps != nil {
+		for _, f := range families {
+			switch e.set {
+			case setFlatGate(f):
+				return setVIPs(f) + "\x00" + e.key
+			case setFlatGateNP(f):
+				return setNodePorts(f) + "\x00" + e.key
+			}
+		}
 	}
 	return e.id()
 }
 
 // sameValue: the element maps its key to what o maps it to, and names
-// the same way in and chain.
+// the same way in and chain (a gate element's endpoints are compared
+// apart: flatUpdate).
 func (e elem) sameValue(o elem) bool {
-	return e.chain == o.chain && e.jump == o.jump && e.val == o.val && e.comment == o.comment
+	return e.chain == o.chain && e.jump == o.jump && e.comment == o.comment && (e.eps == nil) == (o.eps == nil)
 }
 
 // objects is everything one portal puts into the table.

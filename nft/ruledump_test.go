@@ -31,7 +31,7 @@ func TestRuleDumpPerChainReadsTheSame(t *testing.T) {
 		t.Helper()
 		b := New(be.cfg, WithNetNS(be.netnsFD))
 		b.ruleDumpPerChainFrom = perChainFrom
-		k, err := b.readState(conn, nil)
+		k, err := b.readState(conn, nil, false)
 		if err != nil || k == nil {
 			t.Fatalf("read the table back: %v, %v", k, err)
 		}

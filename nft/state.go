@@ -169,6 +169,9 @@ type kernelState struct {
 	// of source ranges (not of the affinity sets, whose clients are kept
 	// as they are).
 	elems map[string][]nftables.SetElement
+	// rewrite names the flat maps that were not read back: a full sync
+	// flushes them and writes them anew (flat.go, flatReadBackMax).
+	rewrite map[string]bool
 }
 
 // readState reads the table for an in-place full sync. It returns nil,
@@ -177,12 +180,12 @@ type kernelState struct {
 // layout version): the caller then replaces the table as a whole. sizeHint,
 // when not nil, says how many elements a set is likely to hold (what the
 // sync will want), so that its list is made once at that size.
-func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) (*kernelState, error) {
+func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int, rewriteFlat bool) (*kernelState, error) {
 	if _, err := conn.ListTableOfFamily(b.table.Name, b.table.Family); err != nil {
 		return nil, nil
 	}
 	k := &kernelState{chains: map[string]bool{}, tags: map[string][]byte{}, rules: map[string]int{},
-		sets: map[string]*setDecl{}, elems: map[string][]nftables.SetElement{}}
+		sets: map[string]*setDecl{}, elems: map[string][]nftables.SetElement{}, rewrite: map[string]bool{}}
 	chains, err := conn.ListChainsOfTableFamily(b.table.Family)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
@@ -216,6 +219,10 @@ func (b *Backend) readState(conn *nftables.Conn, sizeHint func(set string) int) 
 		}
 		if !sameSetTypes(have, want) {
 			return nil, fmt.Errorf("set %s has another type than this version uses", want.Name)
+		}
+		if rewriteFlat && isFlatMap(want.Name) {
+			k.rewrite[want.Name] = true
+			continue
 		}
 		n := 0
 		if sizeHint != nil {

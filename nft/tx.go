@@ -59,6 +59,10 @@ type tx struct {
 	addElems  map[string][]nftables.SetElement
 	delElems  map[string][]nftables.SetElement
 
+	// flatBound bounds the elements a full sync puts in the flat maps
+	// (presize): beyond flatReadBackMax they are written anew, not read.
+	flatBound int
+
 	stats     dataplane.SyncStats
 	conflicts int
 	// waiting are elements another portal owned when their portal was
@@ -82,6 +86,9 @@ func (t *tx) claimWaiting() {
 			continue
 		}
 		t.addElems[w.e.set] = append(t.addElems[w.e.set], t.element(w.e, true))
+		if w.e.eps != nil {
+			t.flatAdd(w.e)
+		}
 		key := w.pk
 		t.owners[w.e.ownerID()] = &key
 	}
@@ -124,6 +131,9 @@ func (t *tx) presize(snap *portal.Snapshot) {
 			}
 			eps[i] += len(p.ClusterEndpoints)
 			vips[i] += len(p.ClusterIPs)
+			if len(p.ClusterEndpoints) <= maxFlat {
+				t.flatBound += len(p.ClusterEndpoints) * waysIn(p)
+			}
 		}
 	}
 	for i, f := range []portal.Family{portal.IPv4, portal.IPv6} {

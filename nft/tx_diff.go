@@ -117,15 +117,25 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 	var released []string
 	for _, e := range o.elems {
 		if ne, ok := newByID[e.id()]; ok && ne.sameValue(e) {
+			if e.eps != nil && !slices.Equal(e.eps, ne.eps) {
+				if own, ok := t.owner(e.ownerID()); ok && own == pk {
+					t.flatUpdate(e, ne)
+					changed = true
+				}
+			}
 			continue
 		}
 		if own, ok := t.owner(e.ownerID()); ok && own == pk {
 			t.delElems[e.set] = append(t.delElems[e.set], t.element(e, false))
+			if e.eps != nil {
+				t.flatDel(e)
+			}
 			released = append(released, e.ownerID())
 			changed = true
 		}
 	}
-	// After the loop: the elements of a flat way in share their owner.
+	// After the loop: an element that stands for another may share its
+	// owner with the element that replaces it.
 	for _, id := range released {
 		t.owners[id] = nil
 	}
@@ -146,6 +156,9 @@ func (t *tx) portal(pk portal.PortKey, o, n *objects) {
 			continue
 		}
 		t.addElems[e.set] = append(t.addElems[e.set], t.element(e, true))
+		if e.eps != nil {
+			t.flatAdd(e)
+		}
 		t.owners[e.ownerID()] = owner
 		changed = true
 	}
@@ -164,9 +177,6 @@ func (t *tx) element(e elem, add bool) nftables.SetElement {
 	el := nftables.SetElement{Key: []byte(e.key)}
 	if add {
 		el.Comment = e.comment
-		if e.val != "" {
-			el.Val = []byte(e.val)
-		}
 	}
 	if e.chain != "" && add {
 		kind := expr.VerdictGoto

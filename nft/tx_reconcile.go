@@ -19,6 +19,12 @@ func (t *tx) reconcileKernel() {
 	for _, s := range fixedSets(t.b.table) {
 		want := t.addElems[s.Name]
 		t.fullElems += len(want)
+		if k.rewrite[s.Name] {
+			// Not read back: emptied, and all of want sent after.
+			t.conn.FlushSet(s)
+			t.stats.Messages++
+			continue
+		}
 		// Indexes, not copies of the elements: at 100k elements a map
 		// of SetElement values was a sixth of a restart's allocations.
 		wantAt := make(map[string]int32, len(want))
