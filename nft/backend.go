@@ -45,6 +45,10 @@ type Backend struct {
 	lastUse  uint32 // the table's use count after our last sync
 	gen      genTracker
 	socks    sockets
+	events   eventsGate // the Watch socket, out of its group for large own transactions
+	// beforeCommit, when set (by tests), runs between a sync's diff and
+	// its commit: where another program's change races the sync.
+	beforeCommit func()
 	// cfgKeyText is cfgKey, formatted once in New.
 	cfgKeyText string
 }
@@ -181,6 +185,10 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	t.nodePortIPs(snap.Node.NodePortAddrs)
 	t.podExternalIPs(snap.Node.PodExternalIPs)
 	t.serviceCIDRs(snap.ServiceCIDRs)
+	quiet := t.pendingElems() > quietAbove && b.events.pause()
+	if b.beforeCommit != nil {
+		b.beforeCommit()
+	}
 	stats, err := t.commit()
 	stats.Full, stats.ReadBack = full, readBack
 	stats.Services = len(keys)
@@ -188,9 +196,17 @@ func (b *Backend) Sync(ctx context.Context, snap *portal.Snapshot, full bool) (d
 	if err != nil {
 		b.reset() // the kernel rolled back; only a full sync is safe now
 		b.gen.known = false
+		if quiet {
+			b.events.resume(false)
+		}
 		return stats, err
 	}
 	b.gen.after(&b.socks, gen0, genErr, stats.Messages > 0, readBack || memoryKnown)
+	if quiet {
+		// A full sync that read the table back started from the kernel's
+		// state, so the generation tells any other commit since.
+		b.events.resume(b.gen.known)
+	}
 	if tb, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err == nil {
 		b.lastUse = tb.Use
 	} else {

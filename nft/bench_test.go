@@ -79,7 +79,31 @@ const (
 	// steady: the same process again, the kernel untouched since (the
 	// periodic full sync): compared with memory, nothing read back.
 	steady
+	// restartWatched: restart, with the backend's events watcher
+	// running, as in the agent (its socket a listener of the kernel's
+	// nftables events).
+	restartWatched
 )
+
+// watch runs be's events watcher until stopped, and fails the benchmark
+// on a report: the backend's own syncs are not someone else's change.
+func watch(b *testing.B, be *Backend) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := be.Watch(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range ch {
+			if !c.Lost {
+				b.Errorf("the backend's own sync reported as a foreign change: %v", c)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
 
 func benchFullSync(b *testing.B, n int, mode fullSyncMode) {
 	be := benchBackend(b)
@@ -92,6 +116,8 @@ func benchFullSync(b *testing.B, n int, mode fullSyncMode) {
 	}
 	b.ResetTimer()
 	var st dataplane.SyncStats
+	stopWatch := func() {}
+	defer func() { stopWatch() }()
 	for i := 0; i < b.N; i++ {
 		switch mode {
 		case fresh:
@@ -101,8 +127,14 @@ func benchFullSync(b *testing.B, n int, mode fullSyncMode) {
 			}
 			be = New(be.cfg, WithNetNS(be.netnsFD))
 			b.StartTimer()
-		case restart:
+		case restart, restartWatched:
 			be = New(be.cfg, WithNetNS(be.netnsFD))
+			if mode == restartWatched {
+				b.StopTimer()
+				stopWatch() // the last process's
+				stopWatch = watch(b, be)
+				b.StartTimer()
+			}
 		}
 		var err error
 		if st, err = be.Sync(ctx, snap, true); err != nil {
@@ -122,7 +154,10 @@ func BenchmarkFullSync1k(b *testing.B)         { benchFullSync(b, 1000, fresh) }
 func BenchmarkFullSync10k(b *testing.B)        { benchFullSync(b, 10000, fresh) }
 func BenchmarkFullSyncRestart10k(b *testing.B) { benchFullSync(b, 10000, restart) }
 func BenchmarkFullSyncSteady10k(b *testing.B)  { benchFullSync(b, 10000, steady) }
-func BenchmarkFullSync100k(b *testing.B)       { benchFullSync(b, 100000, fresh) }
+func BenchmarkFullSyncRestartWatched10k(b *testing.B) {
+	benchFullSync(b, 10000, restartWatched)
+}
+func BenchmarkFullSync100k(b *testing.B) { benchFullSync(b, 100000, fresh) }
 func BenchmarkFullSyncRestart100k(b *testing.B) {
 	benchFullSync(b, 100000, restart)
 }

@@ -150,6 +150,19 @@ func (t *tx) presize(snap *portal.Snapshot) {
 	}
 }
 
+// pendingElems is the number of element changes the sync has collected so
+// far (a full sync that reads back sends fewer: those the kernel lacks).
+func (t *tx) pendingElems() int {
+	n := 0
+	for _, els := range t.addElems {
+		n += len(els)
+	}
+	for _, els := range t.delElems {
+		n += len(els)
+	}
+	return n
+}
+
 func (t *tx) oldService(k portal.ServiceKey) *appliedService {
 	if t.full {
 		return nil

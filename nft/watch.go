@@ -95,6 +95,7 @@ func (b *Backend) Watch(ctx context.Context) (<-chan dataplane.KernelChange, err
 		return nil, fmt.Errorf("nftables events: %w", err)
 	}
 	w := &watcher{own: b.socks.own, kick: make(chan struct{}, 1)}
+	b.events.set(c, w)
 	out := make(chan dataplane.KernelChange)
 	done := make(chan struct{})
 	go func() {
@@ -103,6 +104,7 @@ func (b *Backend) Watch(ctx context.Context) (<-chan dataplane.KernelChange, err
 	}()
 	go func() {
 		<-ctx.Done()
+		b.events.set(nil, nil)
 		c.Close()
 	}()
 	go w.deliver(ctx, done, out)

@@ -215,3 +215,61 @@ func TestWatchIgnoresOwnChanges(t *testing.T) {
 		t.Errorf("onehop_kernel_repairs_total = %v, want 0", m)
 	}
 }
+
+// TestWatchHearsAChangeDuringAQuietSync: a sync of more elements than
+// quietAbove goes out while the events socket is out of its group, so the
+// kernel builds no event per element; someone else's change in that
+// window is reported as lost events, and the next full sync repairs it.
+// Without the generation check the change would go unheard.
+func TestWatchHearsAChangeDuringAQuietSync(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t, 3)
+	webIP := netip.MustParseAddr("10.99.0.10") // outside the big snapshot's
+	web := service("web", func(p *portal.Portal) {
+		p.ClusterIPs = []netip.Addr{webIP}
+		p.ClusterEndpoints = eps(8080, 1, 2)
+	})
+	snap := bigSnapshot(quietAbove/20+10, 10) // x 10 endpoints x 2 ways in
+	snap.Node = snapshot().Node
+	snap.Services[web.Key] = web
+	for k := range snap.Services {
+		snap.Dirty = append(snap.Dirty, k)
+	}
+	tp.sync(t, snapshot(web), true)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := tp.b.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := nftables.New(nftables.WithNetNSFd(tp.node.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	tp.b.beforeCommit = func() {
+		tp.b.beforeCommit = nil
+		if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setFlatGate(portal.IPv4)},
+			[]nftables.SetElement{{Key: vipKey(webIP, portal.TCP, 80)}}); err != nil {
+			t.Error(err)
+		}
+		if err := other.Flush(); err != nil {
+			t.Error(err)
+		}
+	}
+	tp.sync(t, snap, false)
+	select {
+	case c := <-ch:
+		if !c.Lost {
+			t.Errorf("reported %v, want lost events", c)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the change made during the quiet sync was not reported")
+	}
+	if st := tp.sync(t, snap, true); !st.ReadBack {
+		t.Errorf("the full sync after lost events did not read the table back")
+	}
+	if seen, _ := ask(t, tp.pods[0], "tcp", "10.99.0.10:80", 20); len(seen) != 2 {
+		t.Errorf("want both endpoints after the repair, got %v", seen)
+	}
+}
