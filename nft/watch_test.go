@@ -247,16 +247,21 @@ func TestWatchHearsAChangeDuringAQuietSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
-	tp.b.beforeCommit = func() {
-		tp.b.beforeCommit = nil
-		if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setFlatGate(portal.IPv4)},
-			[]nftables.SetElement{{Key: vipKey(webIP, portal.TCP, 80)}}); err != nil {
-			t.Error(err)
-		}
-		if err := other.Flush(); err != nil {
-			t.Error(err)
+	// raceSync deletes web's gate element of proto between the next
+	// sync's diff and its commit.
+	raceSync := func(proto portal.Protocol) {
+		tp.b.beforeCommit = func() {
+			tp.b.beforeCommit = nil
+			if err := other.SetDeleteElements(&nftables.Set{Table: tb, Name: setFlatGate(portal.IPv4)},
+				[]nftables.SetElement{{Key: vipKey(webIP, proto, 80)}}); err != nil {
+				t.Error(err)
+			}
+			if err := other.Flush(); err != nil {
+				t.Error(err)
+			}
 		}
 	}
+	raceSync(portal.TCP)
 	tp.sync(t, snap, false)
 	select {
 	case c := <-ch:
@@ -266,9 +271,23 @@ func TestWatchHearsAChangeDuringAQuietSync(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("the change made during the quiet sync was not reported")
 	}
+	// The full sync that answers the report goes out with the socket in
+	// its group: another change in its window is heard as what it is, not
+	// as lost events again (which a neighbour committing often would make
+	// a loop of full syncs).
+	raceSync(portal.UDP)
 	if st := tp.sync(t, snap, true); !st.ReadBack {
 		t.Errorf("the full sync after lost events did not read the table back")
 	}
+	select {
+	case c := <-ch:
+		if c.Lost || len(c.Seen) == 0 {
+			t.Errorf("the change during the full sync after the report: %+v, want it heard as a change", c)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the change made during the full sync after the report was not reported")
+	}
+	tp.sync(t, snap, true)
 	if seen, _ := ask(t, tp.pods[0], "tcp", "10.99.0.10:80", 20); len(seen) != 2 {
 		t.Errorf("want both endpoints after the repair, got %v", seen)
 	}

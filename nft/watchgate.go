@@ -20,11 +20,16 @@ const quietAbove = flatReadBackMax
 // program's change in that window is not lost: the sync's generation check
 // (genTracker) tells whether anything else committed, and if something did
 // the watcher reports lost events, which the runner answers with a full
-// comparison.
+// comparison. The generation counts every commit in the network namespace,
+// to any table: so that a neighbour committing often cannot keep the
+// backend in a loop of quiet full syncs each followed by another, the
+// transaction after such a report goes out with the socket in its group,
+// and its events tell exactly what changed.
 type eventsGate struct {
-	mu sync.Mutex
-	c  *netlink.Conn // nil while nothing watches
-	w  *watcher
+	mu   sync.Mutex
+	c    *netlink.Conn // nil while nothing watches
+	w    *watcher
+	loud bool // the next large transaction keeps the socket in its group
 }
 
 func (g *eventsGate) set(c *netlink.Conn, w *watcher) {
@@ -38,6 +43,10 @@ func (g *eventsGate) pause() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.c == nil {
+		return false
+	}
+	if g.loud {
+		g.loud = false
 		return false
 	}
 	if err := g.c.LeaveGroup(unix.NFNLGRP_NFTABLES); err != nil {
@@ -57,5 +66,6 @@ func (g *eventsGate) resume(alone bool) {
 	}
 	if err := g.c.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil || !alone {
 		g.w.note(nil, true)
+		g.loud = true
 	}
 }
